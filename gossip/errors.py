@@ -1,0 +1,51 @@
+"""The project's exception tree, in one place.
+
+    GossipError
+    ├── ConfigError (also a topologies.ConfigError, hence a ValueError)  bad flags, specs, config values
+    ├── ProtocolError                                                      a malformed or hostile message
+    ├── TaskError                                                          a task that cannot be built or run
+    └── TransportError                                                     the network failed us
+        ├── PeerTimeout                                                    a named wait ran out
+        └── PeerUnreachable                                                a socket could not bind/connect/send
+
+Lower-level errors (``zmq.ZMQError``, ``msgpack`` exceptions, ``OSError``) are translated into this tree
+at the boundary where they happen (``raise ... from exc``), so callers never handle library exceptions.
+``topologies`` sits below ``gossip`` and cannot import it; it raises its own ``topologies.ConfigError``,
+which this ``ConfigError`` subclasses, so ``except topologies.ConfigError`` catches both.
+"""
+
+from __future__ import annotations
+
+import topologies
+
+
+class GossipError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class ConfigError(GossipError, topologies.ConfigError):
+    """A configuration value, flag or spec is invalid; the message says what would be valid."""
+
+
+class TaskError(GossipError):
+    """A task (built-in or ``package.module:function``) could not be loaded or run."""
+
+
+class ProtocolError(GossipError):
+    """A message failed validation. ``reason`` is a short machine-readable kind used for drop counts."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class TransportError(GossipError):
+    """A network operation failed."""
+
+
+class PeerTimeout(TransportError):
+    """A named wait (``round_timeout``, ``startup_timeout``, ...) ran out."""
+
+
+class PeerUnreachable(TransportError):
+    """A socket could not bind, connect or deliver."""
