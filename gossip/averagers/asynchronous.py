@@ -1,0 +1,57 @@
+"""Asynchronous gossip: no barrier. At each mixing point a peer mixes the latest snapshot it holds from
+each in-neighbour with weight W_ij * f(tau_j), renormalised, then sends its own snapshot on.
+
+tau_j is the number of our own local steps since neighbour j's snapshot arrived; a snapshot is mixed again
+at every mixing point until a newer one replaces it or tau_j exceeds ``max_staleness``. W_ij is taken from
+the round in which j sent the snapshot, so time-varying graphs work although peers are in different rounds.
+Sends keep only the newest unsent snapshot per neighbour, so a slow link or a dead peer never stalls us.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from gossip.averagers.base import Averager
+from gossip.mailbox import LatestMailbox
+from gossip.mixing import stale_weights
+
+
+class AsyncGossip(Averager):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.staleness: Counter[int] = Counter()  # tau of every snapshot mixed
+        self.ignored_stale = 0
+
+    def _make_mailbox(self) -> LatestMailbox:
+        def expects(sender: int, round: int) -> bool:
+            return sender in self.topology.in_neighbors(self.rank, round)
+
+        return LatestMailbox(self.rank, self.config.world_size, self.flat.layout, expects)
+
+    def _gossip(self) -> None:
+        self._mix_latest()
+        self.rounds += 1
+        self._send_snapshot(self.rounds, latest_only=True)
+
+    def _mix_latest(self) -> None:
+        held = self.mailbox.latest()
+        neighbours = {}
+        for sender, received in held.items():
+            w = float(self.topology.mixing_matrix(received.message.header.round)[self.rank, sender])
+            neighbours[sender] = (w, self.local_step - received.arrival_step)
+        self_weight = float(self.topology.mixing_matrix(self.rounds)[self.rank, self.rank])
+        cfg = self.config
+        self_coef, coefs = stale_weights(self_weight, neighbours, cfg.staleness_weight,
+                                         cfg.staleness_temperature, cfg.max_staleness)
+        self.ignored_stale += len(neighbours) - len(coefs)
+        if not coefs:
+            return
+        with self._timed_mix():
+            self.flat.mul_(self_coef)
+            for sender, coef in coefs.items():
+                self.flat.add_(held[sender].message.chunks, alpha=coef)
+                self.staleness[neighbours[sender][1]] += 1
+
+    def statistics(self) -> dict:
+        return {**super().statistics(), "staleness": dict(sorted(self.staleness.items())),
+                "ignored_stale": self.ignored_stale}

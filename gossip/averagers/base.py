@@ -1,0 +1,129 @@
+"""What every averager shares: counting steps, deciding when to mix, sockets, hellos and statistics.
+
+*When* to mix (every ``gossip_every`` local steps) lives here; *how* to mix lives in each subclass's
+``_gossip`` (the split of PyTorch's model-averaging package). ``step()`` is called by the training thread
+after each optimizer step, so parameters only ever change between two steps, never inside a
+forward/backward pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+import topologies
+from gossip.config import GossipConfig
+from gossip.flat import FlatParams
+from gossip.mailbox import Mailbox
+from gossip.metrics import SpeedMeter
+from gossip.transport import Transport
+from gossip.wire import Header, encode, params_header
+
+log = logging.getLogger("gossip.averager")
+
+
+class Averager(ABC):
+    """Averages one model's flat parameters with neighbours; use as a context manager or ``close()``."""
+
+    def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology) -> None:
+        self.flat = flat
+        self.config = config
+        self.topology = topology
+        self.rank = config.rank
+        self.local_step = 0
+        self.rounds = 0  # completed mixes
+        self.samples = 0
+        self.speed = SpeedMeter()
+        self.wait_seconds = 0.0  # blocked on neighbours
+        self.mix_seconds = 0.0
+        self.mailbox = self._make_mailbox()
+        endpoints = [config.endpoint(r) for r in range(config.world_size)]
+        self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
+                                   queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
+                                   recv_queue=max(64, 4 * config.world_size))
+        self._closed = False
+
+    @abstractmethod
+    def _make_mailbox(self) -> Mailbox: ...
+
+    @abstractmethod
+    def _gossip(self) -> None:
+        """One mixing point: exchange with the neighbours and mix."""
+
+    def _finish(self) -> None:
+        """Complete whatever is in flight before the sockets close (sync: the last round)."""
+
+    # -- public ----------------------------------------------------------------------------------------
+    def start(self) -> Averager:
+        """Bind, then wait (``startup_timeout``) until every first-round neighbour has said hello."""
+        self.transport.start()
+        neighbours = self.topology.neighbors(self.rank, 0) if self.config.world_size > 1 else ()
+        hello = encode(Header(kind="hello", sender=self.rank))
+        for dest in neighbours:
+            self.transport.post(dest, hello, latest_only=False, timeout=self.config.send_timeout)
+        self.mailbox.wait_hellos(neighbours, self.config.startup_timeout)
+        return self
+
+    def step(self, samples: int = 0) -> bool:
+        """Call after every optimizer step; mixes every ``gossip_every`` steps. True when it mixed."""
+        self.local_step += 1
+        self.samples += samples
+        self.mailbox.local_step = self.local_step
+        self.speed.tick(samples)
+        if self.config.world_size == 1 or self.local_step % self.config.gossip_every:
+            return False
+        self._gossip()
+        return True
+
+    def close(self, finish: bool = True) -> None:
+        """Complete the round in flight and flush (``finish``), or drop everything and close at once."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if finish and self.config.world_size > 1:
+                self._finish()
+        finally:
+            self.transport.close(flush=finish)
+
+    def __enter__(self) -> Averager:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self.close(finish=exc_type is None)
+
+    def statistics(self) -> dict[str, Any]:
+        return {"step": self.local_step, "rounds": self.rounds, "samples": self.samples,
+                "speed": self.speed.samples_per_second, "step_seconds": self.speed.step_seconds,
+                "wait_seconds": self.wait_seconds, "mix_seconds": self.mix_seconds,
+                **self.transport.statistics()}
+
+    # -- shared helpers --------------------------------------------------------------------------------
+    def _send_snapshot(self, round: int, *, latest_only: bool) -> list:
+        """Copy the weights once and queue them for this round's out-neighbours; returns the copy."""
+        snapshot = self.flat.snapshot()
+        header = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
+                               step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second)
+        frames = encode(header, snapshot)
+        for dest in self.topology.out_neighbors(self.rank, round):
+            self.transport.post(dest, frames, latest_only=latest_only, timeout=self.config.send_timeout)
+        return snapshot
+
+    def _timed_mix(self) -> _Timer:
+        return _Timer(self, "mix_seconds")
+
+    def _timed_wait(self) -> _Timer:
+        return _Timer(self, "wait_seconds")
+
+
+class _Timer:
+    def __init__(self, owner: Averager, attr: str) -> None:
+        self.owner, self.attr = owner, attr
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        setattr(self.owner, self.attr, getattr(self.owner, self.attr) + time.perf_counter() - self.start)

@@ -1,0 +1,48 @@
+"""Synchronous gossip, D-PSGD (Lian et al., "Can Decentralized Algorithms Outperform Centralized
+Algorithms?", NeurIPS 2017): x_i <- sum_j W_ij x_j with the neighbours' weights of the same round, and
+the local gradient step computed while the exchange is in flight.
+
+At mixing point r a peer sends a snapshot s_i of its weights for round r and returns to training at once.
+At mixing point r + 1 it waits (only for its in-neighbours; there is no global barrier) for their round-r
+snapshots and adds sum_j W_ij (s_j - s_i) to its weights, which by then also hold the local progress made
+meanwhile. With no local progress this is exactly x <- W x per round; since the columns of W sum to
+one, the correction sums to zero over peers and the mean of the weights is preserved.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gossip.averagers.base import Averager
+from gossip.mailbox import RoundMailbox
+
+
+class SyncGossip(Averager):
+    _pending: tuple[int, list[torch.Tensor]] | None = None
+
+    def _make_mailbox(self) -> RoundMailbox:
+        def expects(sender: int, round: int) -> bool:
+            return sender in self.topology.in_neighbors(self.rank, round)
+
+        return RoundMailbox(self.rank, self.config.world_size, self.flat.layout, expects,
+                            window=max(2, self.config.world_size))
+
+    def _gossip(self) -> None:
+        self._finish()
+        round = self.rounds
+        self._pending = (round, self._send_snapshot(round, latest_only=False))
+
+    def _finish(self) -> None:
+        if self._pending is None:
+            return
+        round, own = self._pending
+        self._pending = None
+        senders = self.topology.in_neighbors(self.rank, round)
+        with self._timed_wait():
+            messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
+        row = self.topology.mixing_matrix(round)[self.rank]
+        with self._timed_mix():
+            self.flat.add_(own, alpha=-float(sum(row[j] for j in senders)))
+            for sender, message in messages.items():
+                self.flat.add_(message.chunks, alpha=float(row[sender]))
+        self.rounds = round + 1

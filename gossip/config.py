@@ -1,0 +1,158 @@
+"""Frozen configuration dataclasses: the single home of every default.
+
+``GossipConfig`` is what one peer's averager needs (``gossip.attach`` builds it from keyword arguments);
+``RunConfig`` is a whole local run as ``python -m launch`` describes it, holding a ``GossipConfig`` whose
+``rank`` is filled in per peer. The launcher's flags take their defaults from these fields, so a default
+is changed here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gossip.errors import ConfigError
+
+GOSSIP_MODES = ("gossip-sync", "gossip-async")
+MODES = GOSSIP_MODES
+STALENESS_WEIGHTS = ("none", "inverse", "exp")
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    """How one peer exchanges and averages weights with its neighbours."""
+
+    rank: int = 0
+    world_size: int = 1
+    topology: str = "ring"
+    mode: str = "gossip-sync"
+    host: str = "127.0.0.1"
+    base_port: int = 47000
+    endpoints: tuple[str, ...] = ()  # one per rank; empty means tcp://host:(base_port + rank)
+    gossip_every: int = 1  # local steps between two mixes
+    staleness_weight: str = "none"  # f(tau): none = 1, inverse = 1/(1+tau), exp = exp(-tau/T)
+    staleness_temperature: float = 4.0  # T of the exp weighting, in steps
+    max_staleness: int = 20  # snapshots older than this many own steps are ignored (gossip-async)
+    chunk_mb: float = 8.0  # payload frame size; 8-16 MiB keeps glibc from mapping every frame anew
+    queue_depth: int = 8  # messages queued per neighbour before a sync send blocks
+    round_timeout: float = 60.0  # seconds a sync peer waits for its neighbours in one round
+    startup_timeout: float = 120.0  # seconds a peer waits for its first neighbours to come up
+    send_timeout: float = 60.0  # seconds a message may wait for a slow or absent receiver
+    shutdown_timeout: float = 10.0  # seconds to flush outgoing messages on close
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int(self, "world_size", minimum=1)
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank {self.rank} is outside 0..{self.world_size - 1}; ranks count from 0")
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
+        if self.staleness_weight not in STALENESS_WEIGHTS:
+            raise ConfigError(
+                f"unknown staleness weight {self.staleness_weight!r}; choose one of: {', '.join(STALENESS_WEIGHTS)}"
+            )
+        _check_int(self, "gossip_every", minimum=1)
+        _check_int(self, "max_staleness", minimum=0)
+        _check_int(self, "queue_depth", minimum=1)
+        _check_int(self, "base_port", minimum=1, maximum=65535 - self.world_size + 1)
+        _check_positive(self, "staleness_temperature", "round_timeout", "startup_timeout", "send_timeout",
+                        "shutdown_timeout")
+        if not 0.0625 <= self.chunk_mb <= 64:
+            raise ConfigError(f"--chunk-mb {self.chunk_mb} is out of range; use a value in 0.0625..64 (8 is good)")
+        if self.endpoints and len(self.endpoints) != self.world_size:
+            raise ConfigError(f"{len(self.endpoints)} endpoints given for {self.world_size} peers; give one per peer")
+
+    @property
+    def chunk_bytes(self) -> int:
+        return int(self.chunk_mb * MiB) // 64 * 64  # a multiple of every element size
+
+    def endpoint(self, rank: int) -> str:
+        """The ZeroMQ endpoint on which peer ``rank`` receives."""
+        if self.endpoints:
+            return self.endpoints[rank]
+        return f"tcp://{self.host}:{self.base_port + rank}"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A local run of ``nodes`` peers, as the launcher describes it to every peer process."""
+
+    nodes: int = 4
+    task: str = "digits"
+    steps: int = 300
+    out: str = ""  # output directory; empty means runs/<timestamp>
+    speeds: tuple[float, ...] = ()  # per-peer speed; a peer at speed s takes 1/s as long per step
+    compute_ms: float = 0.0  # emulated accelerator step added to every step, scaled by 1/speed
+    threads_per_peer: int = 1
+    lr: float = 0.05
+    momentum: float = 0.9
+    batch_size: int = 32
+    dim: int = 256  # vector length of the consensus task
+    eval_every: int = 25  # steps between test-set evaluations (0: only at the end)
+    log_every: int = 1  # steps between two step events in peer-<rank>.jsonl
+    trace_coords: int = 65536  # coordinates sampled per peer for the consensus-distance trace
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+
+    def __post_init__(self) -> None:
+        _check_int(self, "nodes", minimum=1)
+        _check_int(self, "steps", minimum=1)
+        _check_int(self, "threads_per_peer", minimum=1)
+        _check_int(self, "batch_size", minimum=1)
+        _check_int(self, "dim", minimum=1)
+        _check_int(self, "eval_every", minimum=0)
+        _check_int(self, "log_every", minimum=1)
+        _check_int(self, "trace_coords", minimum=1)
+        _check_positive(self, "lr")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"--momentum {self.momentum} must be in [0, 1)")
+        if self.compute_ms < 0 or not math.isfinite(self.compute_ms):
+            raise ConfigError(f"--compute-ms {self.compute_ms} must be a finite number >= 0")
+        if self.speeds:
+            if len(self.speeds) != self.nodes:
+                raise ConfigError(
+                    f"--speeds lists {len(self.speeds)} values for {self.nodes} nodes; give one per node, e.g. "
+                    + ",".join(["1"] * (self.nodes - 1) + ["0.25"])
+                )
+            bad = [s for s in self.speeds if not (0 < s <= 1e6 and math.isfinite(s))]
+            if bad:
+                raise ConfigError(f"--speeds must be positive numbers (1 = full speed, 0.25 = 4x slower); got {bad[0]}")
+        if self.gossip.world_size != self.nodes:
+            raise ConfigError(f"gossip.world_size {self.gossip.world_size} differs from nodes {self.nodes}")
+
+    def speed(self, rank: int) -> float:
+        return self.speeds[rank] if self.speeds else 1.0
+
+    def for_rank(self, rank: int) -> RunConfig:
+        return dataclasses.replace(self, gossip=dataclasses.replace(self.gossip, rank=rank))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        data = dict(data)
+        gossip_data = dict(data.pop("gossip", {}))
+        gossip_data["endpoints"] = tuple(gossip_data.get("endpoints", ()))
+        data["speeds"] = tuple(data.get("speeds", ()))
+        return cls(**data, gossip=GossipConfig(**gossip_data))
+
+
+def _check_int(obj: Any, name: str, *, minimum: int, maximum: int | None = None) -> None:
+    value = getattr(obj, name)
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{flag} must be an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ConfigError(f"{flag} must be {bound}, got {value}")
+
+
+def _check_positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value!r}")

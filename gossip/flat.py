@@ -1,0 +1,107 @@
+"""The flat parameter buffer: a model's parameters as views into one contiguous tensor per dtype.
+
+At attach time every parameter (and every floating-point buffer, such as BatchNorm's running statistics)
+is copied into one contiguous tensor per (dtype, device) and re-pointed as a view into it. The Parameter
+objects stay the same, so an optimizer built before or after keeps working. Sending is then a handful of
+zero-copy frames, and mixing is one fused ``add_`` per neighbour and frame instead of a Python loop over
+tensors. Integer buffers (``num_batches_tracked``) are left alone: they are counters, not weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from gossip.errors import ConfigError
+from gossip.wire import DTYPES, Layout
+
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+class FlatParams:
+    """Owns the flat segments of ``model``; ``segments[i]`` is a 1-D tensor of ``layout.dtypes[i]``."""
+
+    def __init__(self, model: nn.Module, chunk_bytes: int) -> None:
+        entries = _averaged_tensors(model)
+        if not entries:
+            raise ConfigError("the model has no floating-point parameters or buffers to average")
+        groups: dict[tuple[torch.dtype, torch.device], list[tuple[str, nn.Module, str, torch.Tensor]]] = {}
+        for entry in entries:
+            tensor = entry[3]
+            groups.setdefault((tensor.dtype, tensor.device), []).append(entry)
+        if len({device for _, device in groups}) > 1:
+            raise ConfigError("the model's tensors live on several devices; move the model to one device first")
+        self.segments: list[torch.Tensor] = []
+        for (dtype, device), members in groups.items():
+            flat = torch.empty(sum(t.numel() for *_, t in members), dtype=dtype, device=device)
+            offset = 0
+            for _, module, attr, tensor in members:
+                view = flat[offset:offset + tensor.numel()].view_as(tensor)
+                view.copy_(tensor.detach())
+                _repoint(module, attr, view)
+                offset += tensor.numel()
+            self.segments.append(flat)
+        self.device = self.segments[0].device
+        self.chunk_bytes = chunk_bytes
+        self.layout = Layout.describe(
+            [(name, tuple(t.shape), _DTYPE_NAMES[t.dtype]) for name, _, _, t in entries],
+            [_DTYPE_NAMES[s.dtype] for s in self.segments], [s.numel() for s in self.segments])
+        self.plan = self.layout.frame_plan(chunk_bytes)
+
+    @property
+    def numel(self) -> int:
+        return sum(s.numel() for s in self.segments)
+
+    def views(self) -> Iterator[torch.Tensor]:
+        """The live buffers cut as the wire cuts them: one view per payload frame."""
+        for segment, start, stop in self.plan:
+            yield self.segments[segment][start:stop]
+
+    def snapshot(self) -> list[torch.Tensor]:
+        """A copy of the current weights on the host, one tensor per payload frame, safe to send uncopied.
+
+        One allocation per frame (not one big block) so that glibc serves them from its heap; on a GPU
+        the copies go to pinned memory with ``non_blocking`` and are awaited once.
+        """
+        if self.device.type == "cpu":
+            return [view.clone() for view in self.views()]
+        copies = [torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
+                  for v in self.views()]
+        torch.cuda.current_stream(self.device).synchronize()
+        return copies
+
+    def add_(self, chunks: list[torch.Tensor], alpha: float) -> None:
+        """weights += alpha * chunks (chunks cut by ``plan``, on any device)."""
+        for view, chunk in zip(self.views(), chunks):
+            view.add_(chunk.to(self.device, non_blocking=True), alpha=alpha)
+
+    def mul_(self, factor: float) -> None:
+        for segment in self.segments:
+            segment.mul_(factor)
+
+    def copy_(self, chunks: list[torch.Tensor]) -> None:
+        for view, chunk in zip(self.views(), chunks):
+            view.copy_(chunk)
+
+
+def _averaged_tensors(model: nn.Module) -> list[tuple[str, nn.Module, str, torch.Tensor]]:
+    """(qualified name, owner module, attribute, tensor) for every tensor to average, tied ones once."""
+    seen: set[int] = set()
+    entries = []
+    for module_name, module in model.named_modules():
+        for kind in ("_parameters", "_buffers"):
+            for attr, tensor in getattr(module, kind).items():
+                if tensor is None or id(tensor) in seen or tensor.dtype not in _DTYPE_NAMES:
+                    continue
+                seen.add(id(tensor))
+                entries.append((f"{module_name}.{attr}".lstrip("."), module, attr, tensor))
+    return entries
+
+
+def _repoint(module: nn.Module, attr: str, view: torch.Tensor) -> None:
+    if attr in module._parameters:
+        module._parameters[attr].data = view  # same Parameter object, new storage
+    else:
+        module._buffers[attr] = view

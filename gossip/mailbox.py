@@ -1,0 +1,142 @@
+"""Where the event loop leaves validated messages for the training thread.
+
+``deliver`` runs on the loop thread (it is the transport's handler): it decodes and validates, checks that
+the sender is who its connection says and that it is expected, and files the message. The training
+thread waits on a condition variable for what it needs. Memory stays bounded: a sync mailbox keeps at
+most one message per sender for a window of rounds, an async one only the latest message per sender.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gossip.errors import PeerTimeout, ProtocolError
+from gossip.wire import Layout, Message, decode
+
+Expects = Callable[[int, int], bool]  # (sender, round) -> is sender one of our in-neighbours then
+
+
+@dataclass
+class Received:
+    message: Message
+    arrival_step: int  # our own local step count when it arrived, for staleness
+    arrival_time: float
+
+
+class Mailbox:
+    """Shared part: decoding, sender checks, hellos, and the condition the training thread waits on."""
+
+    def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.layout = layout
+        self.expects = expects
+        self.local_step = 0  # written by the training thread, read at arrival
+        self._cond = threading.Condition()
+        self._hellos: set[int] = set()
+
+    def deliver(self, identity: bytes, frames: Sequence[Any]) -> None:
+        message = decode(frames, self.layout, self.world_size)
+        sender = message.header.sender
+        if identity != str(sender).encode():
+            raise ProtocolError("sender-mismatch", f"connection {identity[:16]!r} claims to be peer {sender}")
+        if sender == self.rank:
+            raise ProtocolError("sender", f"a message claims to come from ourselves (peer {sender})")
+        with self._cond:
+            if message.header.kind == "hello":
+                self._hellos.add(sender)
+            else:
+                self._file(message)
+            self._cond.notify_all()
+
+    def _file(self, message: Message) -> None:
+        raise NotImplementedError
+
+    def wait_hellos(self, senders: Iterable[int], timeout: float) -> None:
+        missing = self._wait(lambda: set(senders) - self._hellos, timeout)
+        if missing:
+            raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {_ranks(missing)} within {timeout:g} s "
+                              f"of starting (--startup-timeout); are they running, on the same --base-port?")
+
+    def _wait(self, missing: Callable[[], set[int]], timeout: float) -> set[int]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (left := missing()) and (remaining := deadline - time.monotonic()) > 0:
+                self._cond.wait(min(remaining, 0.5))
+            return left
+
+
+class RoundMailbox(Mailbox):
+    """Synchronous gossip: one message per (round, sender), for rounds in [current, current + window]."""
+
+    def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects, window: int) -> None:
+        super().__init__(rank, world_size, layout, expects)
+        self.window = window
+        self.current = 0
+        self._rounds: dict[int, dict[int, Message]] = {}
+
+    def _file(self, message: Message) -> None:
+        header = message.header
+        if header.round < self.current:
+            raise ProtocolError("stale-round", f"round {header.round} from peer {header.sender} is over "
+                                               f"(we are in round {self.current})")
+        if header.round > self.current + self.window:
+            raise ProtocolError("future-round", f"round {header.round} from peer {header.sender} is more than "
+                                                f"{self.window} rounds ahead of ours ({self.current})")
+        if not self.expects(header.sender, header.round):
+            raise ProtocolError("not-neighbour", f"peer {header.sender} is not our neighbour in round {header.round}")
+        inbox = self._rounds.setdefault(header.round, {})
+        if header.sender in inbox:
+            raise ProtocolError("duplicate", f"second message for round {header.round} from peer {header.sender}")
+        inbox[header.sender] = message
+
+    def wait_round(self, round: int, senders: Sequence[int], timeout: float) -> dict[int, Message]:
+        """The round's messages from ``senders``; PeerTimeout naming the missing ones after ``timeout``."""
+        missing = self._wait(lambda: set(senders) - self._rounds.get(round, {}).keys(), timeout)
+        if missing:
+            raise PeerTimeout(f"peer {self.rank} waited {timeout:g} s for round {round} from peer(s) "
+                              f"{_ranks(missing)} (--round-timeout); did they stop or fall behind?")
+        return self.take_round(round)
+
+    def take_round(self, round: int) -> dict[int, Message]:
+        """Remove and return what arrived for ``round``; later rounds stay; earlier ones are refused."""
+        with self._cond:
+            self.current = round + 1
+            for old in [r for r in self._rounds if r <= round]:
+                if old != round:
+                    del self._rounds[old]
+            return self._rounds.pop(round, {})
+
+
+class LatestMailbox(Mailbox):
+    """Asynchronous gossip: the newest message from each sender, replaced on arrival of a newer one."""
+
+    def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
+        super().__init__(rank, world_size, layout, expects)
+        self._latest: dict[int, Received] = {}
+
+    def _file(self, message: Message) -> None:
+        header = message.header
+        held = self._latest.get(header.sender)
+        if held is not None and header.step <= held.message.header.step:
+            raise ProtocolError("replay", f"step {header.step} from peer {header.sender} is not newer than "
+                                          f"the step {held.message.header.step} we hold")
+        if not self.expects(header.sender, header.round):
+            raise ProtocolError("not-neighbour", f"peer {header.sender} is not our neighbour in its round {header.round}")
+        self._latest[header.sender] = Received(message, self.local_step, time.monotonic())
+
+    def latest(self) -> dict[int, Received]:
+        with self._cond:
+            return dict(self._latest)
+
+    def forget(self, sender: int) -> None:
+        with self._cond:
+            self._latest.pop(sender, None)
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))

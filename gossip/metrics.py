@@ -1,0 +1,57 @@
+"""Measurements a peer keeps about itself, and the JSON-lines event log the launcher reads."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import IO, Any
+
+
+class SpeedMeter:
+    """Exponential moving average of this peer's step time and throughput (samples per second)."""
+
+    def __init__(self, smoothing: float = 0.1) -> None:
+        self.smoothing = smoothing
+        self.step_seconds = 0.0
+        self.samples_per_second = 0.0
+        self._last: float | None = None
+
+    def tick(self, samples: int) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            elapsed = max(now - self._last, 1e-9)
+            self.step_seconds = _ema(self.step_seconds, elapsed, self.smoothing)
+            self.samples_per_second = _ema(self.samples_per_second, samples / elapsed, self.smoothing)
+        self._last = now
+
+
+def _ema(previous: float, value: float, smoothing: float) -> float:
+    return value if previous == 0.0 else (1 - smoothing) * previous + smoothing * value
+
+
+class EventLog:
+    """Appends one JSON object per line; every line is flushed so a reader sees it at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[str] = open(path, "a", buffering=1, encoding="utf-8")
+
+    def write(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "time": time.time(), **fields}
+        self._file.write(json.dumps(record, default=_jsonable, allow_nan=False) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy and torch scalars
+        return value.item()
+    raise TypeError(f"cannot log {type(value).__name__}")
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN: a diverged loss is logged as null."""
+    return value if math.isfinite(value) else None

@@ -1,0 +1,169 @@
+"""One peer process: ``python -m gossip.peer RUN_DIR/config.json --rank R``.
+
+Builds the task, attaches an averager, trains for ``steps`` local steps (with the emulated accelerator
+time and speed of ``--compute-ms``/``--speeds``), logs events to ``peer-<rank>.jsonl`` and leaves
+``model-<rank>.pt`` and ``trace-<rank>.npz`` (sampled weights per round, for the consensus distance).
+Exit status: 0 on success, 1 on an error (one line on stderr says which and why), 128 + signal number
+when stopped by SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gossip.api import attach
+from gossip.averagers import Averager
+from gossip.config import RunConfig
+from gossip.errors import ConfigError, GossipError
+from gossip.metrics import EventLog, finite_or_none
+from gossip.tasks import Task, TaskContext, build_task
+
+log = logging.getLogger("gossip.peer")
+MAX_TRACE_RECORDS = 200
+
+
+class Stopped(Exception):
+    """SIGINT or SIGTERM arrived; carries the signal number for the exit status."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Trace:
+    """Sampled coordinates of the weights after every ``every``-th round (the same sample on every peer)."""
+
+    def __init__(self, averager: Averager, coords: int, seed: int, rounds: int) -> None:
+        self.flat = averager.flat
+        numel = self.flat.numel
+        picked = np.sort(np.random.default_rng(seed).choice(numel, size=min(coords, numel), replace=False))
+        self.index = torch.from_numpy(picked)
+        self.every = max(1, math.ceil(rounds / MAX_TRACE_RECORDS))
+        self.float64 = all(s.dtype == torch.float64 for s in self.flat.segments)
+        self.rounds: list[int] = []
+        self.values: list[np.ndarray] = []
+
+    def record(self, round: int) -> None:
+        if round % self.every and round != 0:
+            return
+        whole = torch.cat([s.detach().to("cpu", torch.float64) for s in self.flat.segments])
+        self.rounds.append(round)
+        self.values.append(whole[self.index].numpy().astype(np.float64 if self.float64 else np.float32))
+
+    def save(self, path: Path) -> None:
+        np.savez(path, rounds=np.array(self.rounds), values=np.stack(self.values), index=self.index.numpy())
+
+
+def run(cfg: RunConfig, out: Path) -> None:
+    rank = cfg.gossip.rank
+    events = EventLog(out / f"peer-{rank}.jsonl")
+    events.write("start", rank=rank, pid=os.getpid(), speed=cfg.speed(rank))
+    try:
+        task = build_task(cfg.task, TaskContext(rank, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum,
+                                                cfg.batch_size, cfg.dim))
+        averager = attach(task.model, cfg.gossip)
+    except GossipError as exc:
+        events.write("error", message=str(exc))
+        raise
+    started = time.time()
+    events.write("ready", endpoint=cfg.gossip.endpoint(rank))
+    trace = Trace(averager, cfg.trace_coords, cfg.gossip.seed, cfg.steps // cfg.gossip.gossip_every)
+    trace.record(0)
+    try:
+        with averager:
+            train(cfg, task, averager, trace, events)
+    except (GossipError, Stopped) as exc:
+        events.write("error" if isinstance(exc, GossipError) else "stopped", message=str(exc),
+                     **averager.statistics())
+        raise
+    trace.record(averager.rounds) if averager.rounds not in trace.rounds else None
+    metrics = task.evaluate()
+    torch.save(task.model.state_dict(), out / f"model-{rank}.pt")
+    trace.save(out / f"trace-{rank}.npz")
+    events.write("end", wall_seconds=time.time() - started, test=metrics, **averager.statistics())
+    events.close()
+
+
+def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: EventLog) -> None:
+    slowdown = 1.0 / cfg.speed(averager.rank) - 1.0
+    emulated = cfg.compute_ms / 1000.0 / cfg.speed(averager.rank)
+    for step in range(1, cfg.steps + 1):
+        begin = time.perf_counter()
+        loss = task.train_step()
+        computed = time.perf_counter() - begin
+        pause = emulated + computed * slowdown  # a peer at speed s takes 1/s as long per step
+        if pause > 0:
+            time.sleep(pause)
+        rounds_before = averager.rounds
+        averager.step(samples=task.samples_per_step)
+        if averager.rounds != rounds_before:
+            trace.record(averager.rounds)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            stats = averager.statistics()
+            events.write("step", step=step, round=averager.rounds, loss=finite_or_none(loss),
+                         bytes_sent=stats["bytes_sent"], bytes_received=stats["bytes_received"],
+                         wait_seconds=stats["wait_seconds"], speed=stats["speed"],
+                         **({"staleness": stats["staleness"]} if "staleness" in stats else {}))
+        if task.trains and cfg.eval_every and step % cfg.eval_every == 0:
+            events.write("eval", step=step, round=averager.rounds, **task.evaluate())
+
+
+def _die_with_parent() -> None:
+    """Linux: receive SIGTERM when the launcher dies, so no peer outlives a killed launcher."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+def load_config(path: Path, rank: int) -> RunConfig:
+    try:
+        return RunConfig.from_dict(json.loads(path.read_text())).for_rank(rank)
+    except (OSError, ValueError, TypeError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"cannot read the run configuration {path}: {exc}") from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gossip.peer", description=__doc__.splitlines()[0])
+    parser.add_argument("config", type=Path, help="config.json written by the launcher")
+    parser.add_argument("--rank", type=int, required=True)
+    args = parser.parse_args(argv)
+    if os.environ.get("GOSSIP_LAUNCHER_PID") == str(os.getppid()):
+        _die_with_parent()
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    signal.signal(signal.SIGINT, _raise_stopped)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s peer {args.rank} %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config, args.rank)
+        torch.set_num_threads(cfg.threads_per_peer)
+        run(cfg, args.config.parent)
+    except Stopped as exc:
+        print(f"peer {args.rank}: stopped by {exc}", file=sys.stderr)
+        return 128 + exc.signum
+    except (GossipError, OSError) as exc:
+        print(f"peer {args.rank}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The embedded default task: scikit-learn's bundled 8x8 digits (1797 images, no download), an MLP
+64-128-10, each peer training on its own disjoint shard and evaluating on one held-out test split."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gossip.errors import TaskError
+from gossip.tasks import Task, TaskContext
+
+TEST_FRACTION = 0.2
+SPLIT_SEED = 0  # the test split is the same for every run, so accuracies are comparable
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The 1797 images and labels from the CSV inside scikit-learn's wheel, read without importing
+    scikit-learn (whose import costs each peer about two seconds of CPU)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise TaskError("the digits task needs scikit-learn installed (pip install scikit-learn)")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    data = np.loadtxt(path, delimiter=",")
+    return data[:, :-1] / 16.0, data[:, -1].astype(np.int64)
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, test indices) with each class split in the same proportion."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        cut = int(round(len(members) * test_fraction))
+        test.append(members[:cut])
+        train.append(members[cut:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def load_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x_train, y_train, x_test, y_test), pixels scaled to [0, 1], stratified split."""
+    x, y = load_digits()
+    train, test = stratified_split(y, TEST_FRACTION, SPLIT_SEED)
+    as_x = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    return as_x(x[train]), torch.from_numpy(y[train]), as_x(x[test]), torch.from_numpy(y[test])
+
+
+def shard(n_samples: int, rank: int, world_size: int, seed: int) -> np.ndarray:
+    """Indices of ``rank``'s shard: one seeded permutation dealt out round-robin, so shards never overlap."""
+    order = np.random.default_rng(seed).permutation(n_samples)
+    return order[rank::world_size]
+
+
+def make_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless minibatches: a fresh seeded shuffle every epoch; a shard smaller than a batch is one batch."""
+    rng = np.random.default_rng(seed)
+    while True:
+        order = torch.from_numpy(rng.permutation(len(x)))
+        for start in range(0, len(x), batch_size):
+            index = order[start:start + batch_size]
+            yield x[index], y[index]
+
+
+def evaluator(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    def evaluate() -> dict[str, float]:
+        with torch.no_grad():
+            logits = model(x)
+            return {"accuracy": (logits.argmax(1) == y).float().mean().item(),
+                    "loss": F.cross_entropy(logits, y).item()}
+    return evaluate
+
+
+def make_task(ctx: TaskContext) -> Task:
+    x_train, y_train, x_test, y_test = load_split()
+    mine = torch.from_numpy(shard(len(x_train), ctx.rank, ctx.world_size, ctx.seed))
+    x, y = x_train[mine], y_train[mine]
+    model = make_model(ctx.seed).to(ctx.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
+    stream = batches(x.to(ctx.device), y.to(ctx.device), ctx.batch_size, ctx.seed * 1000 + ctx.rank)
+
+    def train_step() -> float:
+        inputs, targets = next(stream)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return Task(model, train_step, evaluator(model, x_test.to(ctx.device), y_test.to(ctx.device)),
+                samples_per_step=ctx.batch_size)

@@ -1,0 +1,210 @@
+"""Wire format: one ZeroMQ multipart message per exchange, validated before the payload is touched.
+
+Frame 0 is a small msgpack map (the ``Header``); the following frames are the raw bytes of the sender's
+flat parameter buffers, cut into chunks of ``chunk_bytes`` (8-16 MiB: libzmq allocates every received
+frame anew, and glibc maps and zeroes each block over 32 MiB, which halves the throughput of one big
+frame). Payload frames go out with ``copy=False`` and come back as views (``torch.frombuffer`` over the
+ZeroMQ frame): no pickling and no copy on either side.
+
+``decode`` checks, in order: header size, msgpack with explicit limits, field types and ranges, protocol
+version, kind, sender rank, layout fingerprint, per-segment dtype and byte length, chunk size, frame
+count, every frame's length, and finally that the values are finite. Any failure raises ``ProtocolError``
+whose ``reason`` names the check, so drops can be counted by kind. Nothing else escapes ``decode``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import torch
+
+from gossip.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 4096
+MIN_CHUNK_BYTES = 64
+MAX_CHUNK_BYTES = 64 << 20
+MAX_INT = 1 << 53  # counters beyond this cannot be real; also keeps floats exact in logs
+# kind -> whether it carries the flat buffers as payload
+KINDS: dict[str, bool] = {"hello": False, "params": True}
+DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+_INT_FIELDS = ("v", "r", "step", "round", "n")
+_FLOAT_FIELDS = ("sp", "w")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a peer's flat buffers look like: one segment per dtype, plus a fingerprint of the model."""
+
+    dtypes: tuple[str, ...]
+    numels: tuple[int, ...]
+    fingerprint: str
+
+    @classmethod
+    def describe(cls, entries: Sequence[tuple[str, tuple[int, ...], str]], dtypes: Sequence[str],
+                 numels: Sequence[int]) -> Layout:
+        """Build a layout whose fingerprint hashes every (name, shape, dtype) entry in order."""
+        digest = hashlib.sha256(repr(list(entries)).encode()).hexdigest()[:16]
+        return cls(tuple(dtypes), tuple(numels), digest)
+
+    def nbytes(self, segment: int) -> int:
+        return self.numels[segment] * DTYPES[self.dtypes[segment]].itemsize
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.nbytes(i) for i in range(len(self.dtypes)))
+
+    def frame_plan(self, chunk_bytes: int) -> list[tuple[int, int, int]]:
+        """(segment, first element, end element) of every payload frame, in order."""
+        plan = []
+        for segment, dtype in enumerate(self.dtypes):
+            per_frame = max(1, chunk_bytes // DTYPES[dtype].itemsize)
+            numel = self.numels[segment]
+            plan += [(segment, start, min(start + per_frame, numel)) for start in range(0, numel, per_frame)]
+        return plan
+
+
+@dataclass(frozen=True)
+class Header:
+    kind: str
+    sender: int
+    round: int = 0
+    step: int = 0
+    samples: int = 0
+    speed: float = 0.0
+    weight: float = 1.0  # push-sum weight, or the share of samples this contribution represents
+    fingerprint: str = ""
+    segments: tuple[tuple[str, int], ...] = ()  # (dtype, nbytes) per flat segment
+    chunk_bytes: int = 0
+
+    def pack(self) -> bytes:
+        return msgpack.packb({
+            "v": PROTOCOL_VERSION, "k": self.kind, "r": self.sender, "round": self.round, "step": self.step,
+            "n": self.samples, "sp": float(self.speed), "w": float(self.weight), "fp": self.fingerprint,
+            "seg": [list(s) for s in self.segments], "ch": self.chunk_bytes,
+        })
+
+
+@dataclass
+class Message:
+    """A validated message; ``chunks`` are tensors viewing the received frames, one per ``frame_plan`` row."""
+
+    header: Header
+    chunks: list[torch.Tensor]
+    nbytes: int
+
+
+def encode(header: Header, chunks: Sequence[torch.Tensor] = ()) -> list[Any]:
+    """Frames for ``send_multipart(copy=False)``: the packed header, then each chunk's bytes, uncopied."""
+    return [header.pack(), *(_byte_view(chunk) for chunk in chunks)]
+
+
+def params_header(kind: str, sender: int, layout: Layout, chunk_bytes: int, **fields: Any) -> Header:
+    segments = tuple((dtype, layout.nbytes(i)) for i, dtype in enumerate(layout.dtypes))
+    return Header(kind=kind, sender=sender, fingerprint=layout.fingerprint, segments=segments,
+                  chunk_bytes=chunk_bytes, **fields)
+
+
+def decode(frames: Sequence[Any], layout: Layout, world_size: int) -> Message:
+    """Validate ``frames`` (bytes or zmq.Frame) against our layout; raise ProtocolError on any defect."""
+    if not frames:
+        raise ProtocolError("empty", "empty message")
+    header = _decode_header(_bytes_of(frames[0]), world_size)
+    payload = frames[1:]
+    if not KINDS[header.kind]:
+        if payload:
+            raise ProtocolError("frames", f"a {header.kind} message carries no payload, got {len(payload)} frames")
+        return Message(header, [], 0)
+    plan = _check_layout(header, layout, len(payload))
+    chunks = []
+    for (segment, start, stop), frame in zip(plan, payload):
+        dtype = DTYPES[layout.dtypes[segment]]
+        buffer = _buffer_of(frame)
+        if len(buffer) != (stop - start) * dtype.itemsize:
+            raise ProtocolError("length", f"frame of {len(buffer)} bytes where {(stop - start) * dtype.itemsize} belong")
+        chunks.append(torch.frombuffer(buffer, dtype=dtype))
+    for chunk in chunks:
+        # One read-only pass: NaN or Inf anywhere makes the sum non-finite (so do sums that overflow).
+        accumulate = torch.float32 if chunk.element_size() < 4 else chunk.dtype  # fp16 sums overflow at 65504
+        if not math.isfinite(float(chunk.sum(dtype=accumulate))):
+            raise ProtocolError("non-finite", f"payload from peer {header.sender} holds NaN or Inf")
+    return Message(header, chunks, layout.total_bytes)
+
+
+def _decode_header(raw: bytes, world_size: int) -> Header:
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError("header", f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True,
+                              max_str_len=256, max_bin_len=256, max_array_len=64, max_map_len=32)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ProtocolError("header", f"undecodable header: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError("header", f"header is a {type(obj).__name__}, not a map")
+    for key in _INT_FIELDS:
+        value = obj.get(key)
+        if type(value) is not int or not 0 <= value < MAX_INT:
+            raise ProtocolError("field", f"header field {key!r} is {value!r}, not a counter")
+    for key in _FLOAT_FIELDS:
+        value = obj.get(key)
+        if type(value) is not float or not math.isfinite(value) or value < 0:
+            raise ProtocolError("field", f"header field {key!r} is {value!r}, not a finite number >= 0")
+    if obj["v"] != PROTOCOL_VERSION:
+        raise ProtocolError("version", f"protocol version {obj['v']}, we speak {PROTOCOL_VERSION}")
+    kind = obj.get("k")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ProtocolError("kind", f"unknown message kind {kind!r}")
+    if obj["r"] >= world_size:
+        raise ProtocolError("sender", f"sender rank {obj['r']} outside 0..{world_size - 1}")
+    fingerprint, segments, chunk_bytes = obj.get("fp"), obj.get("seg"), obj.get("ch")
+    if not isinstance(fingerprint, str) or type(chunk_bytes) is not int or not isinstance(segments, (list, tuple)):
+        raise ProtocolError("field", "header fields 'fp', 'seg' or 'ch' are missing or mistyped")
+    if not all(isinstance(s, (list, tuple)) and len(s) == 2 and isinstance(s[0], str) and type(s[1]) is int
+               for s in segments):
+        raise ProtocolError("field", "header field 'seg' is not a list of (dtype, nbytes) pairs")
+    return Header(kind=kind, sender=obj["r"], round=obj["round"], step=obj["step"], samples=obj["n"],
+                  speed=obj["sp"], weight=obj["w"], fingerprint=fingerprint,
+                  segments=tuple((s[0], s[1]) for s in segments), chunk_bytes=chunk_bytes)
+
+
+def _check_layout(header: Header, layout: Layout, frame_count: int) -> list[tuple[int, int, int]]:
+    if header.fingerprint != layout.fingerprint:
+        raise ProtocolError("fingerprint", f"peer {header.sender} has model layout {header.fingerprint}, "
+                                           f"ours is {layout.fingerprint}; every peer must build the same model")
+    for dtype, _ in header.segments:
+        if dtype not in DTYPES:
+            raise ProtocolError("dtype", f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    expected = tuple((dtype, layout.nbytes(i)) for i, dtype in enumerate(layout.dtypes))
+    if header.segments != expected:
+        raise ProtocolError("layout", f"segments {header.segments} differ from ours {expected}")
+    if not MIN_CHUNK_BYTES <= header.chunk_bytes <= MAX_CHUNK_BYTES or header.chunk_bytes % 64:
+        raise ProtocolError("chunk", f"chunk size {header.chunk_bytes} is not a multiple of 64 in "
+                                     f"{MIN_CHUNK_BYTES}..{MAX_CHUNK_BYTES}")
+    plan = layout.frame_plan(header.chunk_bytes)
+    if frame_count != len(plan):
+        raise ProtocolError("frames", f"{frame_count} payload frames where the layout needs {len(plan)}")
+    return plan
+
+
+def _byte_view(chunk: torch.Tensor) -> memoryview:
+    return memoryview(chunk.view(torch.uint8).numpy())
+
+
+def _buffer_of(frame: Any) -> memoryview:
+    # A zmq.Frame's buffer is writable and viewed in place; plain bytes (tests, tools) are copied once
+    # because torch refuses to view read-only memory without a warning.
+    return frame.buffer if hasattr(frame, "buffer") else memoryview(bytearray(frame))
+
+
+def _bytes_of(frame: Any) -> bytes:
+    return frame.bytes if hasattr(frame, "bytes") else bytes(frame)

@@ -1,0 +1,1 @@
+"""The command line: start a local run of N peers (``python -m launch`` or ``gossip-launch``)."""

@@ -1,0 +1,106 @@
+"""``python -m launch`` / ``gossip-launch``: parse the flags, run the peers, print the summary.
+
+Every flag's default comes from ``gossip.config`` (the single home of defaults). A bad flag ends in
+one line on stderr that says what is wrong and how to fix it, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from gossip.config import MODES, STALENESS_WEIGHTS, GossipConfig, RunConfig
+from gossip.errors import ConfigError
+
+PROG = "gossip-launch"
+RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+GOSSIP_FIELDS = {f.name: f for f in dataclasses.fields(GossipConfig)}
+
+# (flag, field, help); the owning dataclass is found by field name, the type from the default.
+FLAGS: list[tuple[str, str, str]] = [
+    ("--nodes", "nodes", "number of local peer processes"),
+    ("--topology", "topology", "graph spec: ring, torus[:RxC], random[:degree=D,seed=S], full, exponential, star"),
+    ("--mode", "mode", "averaging mode: " + ", ".join(MODES)),
+    ("--task", "task", "digits, consensus, or package.module:function (see gossip.tasks)"),
+    ("--steps", "steps", "local training steps per peer"),
+    ("--out", "out", "output directory (default: runs/<date-time>)"),
+    ("--seed", "seed", "seed of model init, shards, batches and random topologies"),
+    ("--base-port", "base_port", "peer r listens on tcp://HOST:(BASE_PORT + r)"),
+    ("--host", "host", "address the local peers listen on"),
+    ("--gossip-every", "gossip_every", "local steps between two mixes"),
+    ("--staleness-weight", "staleness_weight", "gossip-async weight f(tau): " + ", ".join(STALENESS_WEIGHTS)),
+    ("--staleness-temperature", "staleness_temperature", "T in f(tau) = exp(-tau/T), in steps"),
+    ("--max-staleness", "max_staleness", "gossip-async ignores snapshots older than this many own steps"),
+    ("--speeds", "speeds", "comma-separated per-peer speeds, e.g. 1,1,1,0.25 (a peer at 0.25 is 4x slower)"),
+    ("--compute-ms", "compute_ms", "emulated accelerator time per step in ms, scaled by 1/speed"),
+    ("--threads-per-peer", "threads_per_peer", "torch threads in each peer process"),
+    ("--lr", "lr", "learning rate of each peer's optimizer"),
+    ("--momentum", "momentum", "SGD momentum of each peer's optimizer"),
+    ("--batch-size", "batch_size", "samples per local step"),
+    ("--dim", "dim", "vector length of the consensus task"),
+    ("--eval-every", "eval_every", "steps between test evaluations (0: at the end only)"),
+    ("--log-every", "log_every", "steps between step events in peer-<rank>.jsonl"),
+    ("--chunk-mb", "chunk_mb", "payload frame size in MiB"),
+    ("--queue-depth", "queue_depth", "messages queued per neighbour before a sync send waits"),
+    ("--round-timeout", "round_timeout", "seconds a sync peer waits for its neighbours in one round"),
+    ("--startup-timeout", "startup_timeout", "seconds a peer waits for its first neighbours to start"),
+    ("--send-timeout", "send_timeout", "seconds a message may wait for a slow or absent receiver"),
+    ("--shutdown-timeout", "shutdown_timeout", "seconds to deliver the last messages on exit"),
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _parse_speeds(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, e.g. 1,1,0.25")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Start N local peers that train one model together by gossip "
+                     "averaging over ZeroMQ, show their progress and summarise the run.")
+    for flag, name, help_text in FLAGS:
+        field = RUN_FIELDS.get(name) or GOSSIP_FIELDS[name]
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        kind = _parse_speeds if name == "speeds" else type(default)
+        shown = (",".join(map(str, default)) or "all 1") if name == "speeds" else default
+        parser.add_argument(flag, dest=name, type=kind, default=default, metavar=name.upper(),
+                            help=f"{help_text} (default: {shown!s})" if name != "out" else help_text)
+    parser.add_argument("--progress", choices=("auto", "live", "plain", "off"), default="auto",
+                        help="live table on a terminal, periodic lines otherwise (default: auto)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    values = vars(args)
+    gossip_values = {name: values[name] for name in GOSSIP_FIELDS if name in values}
+    run_values = {name: values[name] for name in RUN_FIELDS if name in values and name != "gossip"}
+    if not run_values["out"]:
+        run_values["out"] = time.strftime("runs/%Y%m%d-%H%M%S")
+    gossip = GossipConfig(world_size=run_values["nodes"], **gossip_values)
+    return RunConfig(**run_values, gossip=gossip)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        from launch.local import run_local  # imports torch; keep --help and flag errors fast
+        return run_local(cfg, progress=args.progress)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def entry_point() -> Any:
+    sys.exit(main())

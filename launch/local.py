@@ -1,0 +1,139 @@
+"""Start N peer processes on this machine, watch them, stop them all cleanly, and summarise.
+
+Peers run in their own sessions, so Ctrl+C reaches only the launcher, which forwards SIGTERM to every
+peer, waits ``shutdown_timeout`` and then kills what is left. A peer that fails stops the run: the
+launcher names the peer and its last error line, stops the others and exits non-zero. Peers also get
+SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so no process outlives a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gossip.config import RunConfig
+from gossip.errors import ConfigError
+from launch.progress import Progress
+
+POLL_SECONDS = 0.25
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def prepare_out(cfg: RunConfig) -> Path:
+    out = Path(cfg.out)
+    if (out / "peers.json").exists():
+        raise ConfigError(f"{out} already holds a run (peers.json); choose another --out or remove it")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(cfg.to_json())
+    except OSError as exc:
+        raise ConfigError(f"cannot write to the output directory {out}: {exc.strerror}; choose another --out") from exc
+    return out
+
+
+def check_ports(cfg: RunConfig) -> None:
+    """Fail before spawning anything when a peer's port is taken (a leftover run, another program)."""
+    for rank in range(cfg.nodes):
+        port = cfg.gossip.base_port + rank
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libzmq does: TIME_WAIT is no conflict
+            try:
+                probe.bind((cfg.gossip.host, port))
+            except OSError as exc:
+                raise ConfigError(f"port {port} for peer {rank} on {cfg.gossip.host} is unavailable ({exc.strerror}); "
+                                  f"choose another --base-port") from exc
+
+
+def spawn(cfg: RunConfig, out: Path) -> list[subprocess.Popen]:
+    env = {**os.environ, "GOSSIP_LAUNCHER_PID": str(os.getpid()), "OMP_NUM_THREADS": str(cfg.threads_per_peer),
+           "PYTHONUNBUFFERED": "1"}
+    procs = []
+    for rank in range(cfg.nodes):
+        with open(out / f"peer-{rank}.log", "wb") as log_file:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "gossip.peer", str(out / "config.json"), "--rank", str(rank)],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True))
+    peers = [{"rank": r, "pid": p.pid, "endpoint": cfg.gossip.endpoint(r)} for r, p in enumerate(procs)]
+    (out / "peers.json").write_text(json.dumps(peers, indent=2))
+    return procs
+
+
+def last_error_line(log_path: Path) -> str:
+    try:
+        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "no output"
+
+
+def stop_all(procs: list[subprocess.Popen], grace: float) -> None:
+    """SIGTERM every live peer, wait up to ``grace`` seconds, SIGKILL the rest; only our own children."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def watch(procs: list[subprocess.Popen], progress: Progress, out: Path) -> str | None:
+    """Wait for every peer; returns None on success, else the failure to report."""
+    while True:
+        progress.update()
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            return (f"peer {rank} failed (exit {code}): {last_error_line(out / f'peer-{rank}.log')} "
+                    f"[full log: {out / f'peer-{rank}.log'}]")
+        if all(c == 0 for c in codes):
+            return None
+        time.sleep(POLL_SECONDS)
+
+
+def run_local(cfg: RunConfig, progress: str = "auto") -> int:
+    check_ports(cfg)
+    out = prepare_out(cfg)
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    procs: list[subprocess.Popen] = []
+    started = time.time()
+    try:
+        procs = spawn(cfg, out)
+        with Progress(out, cfg.nodes, cfg.steps, progress) as display:
+            failure = watch(procs, display, out)
+    except Interrupted as exc:
+        print(f"\ngossip-launch: {exc}, stopping {len(procs)} peers...", file=sys.stderr)
+        stop_all(procs, cfg.gossip.shutdown_timeout)
+        print(f"gossip-launch: stopped; partial results in {out}", file=sys.stderr)
+        return 128 + exc.signum
+    finally:
+        stop_all(procs, cfg.gossip.shutdown_timeout)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if failure:
+        print(f"gossip-launch: error: {failure}", file=sys.stderr)
+        return 1
+    from launch.summary import summarise
+
+    summarise(cfg, out, wall_seconds=time.time() - started)
+    return 0

@@ -1,0 +1,128 @@
+"""After a run: ``summary.json``, ``model-final.pt`` (the exact average of the peers' final models),
+``summary.png``, and the summary table on stdout."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gossip.api import build_topology
+from gossip.config import RunConfig
+from gossip.tasks import TaskContext, build_task
+from launch.events import read_events
+
+
+def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of floating tensors (accumulated in float64); other entries from the first."""
+    averaged = {}
+    for name, first in states[0].items():
+        if first.is_floating_point():
+            total = torch.stack([s[name].to(torch.float64) for s in states]).mean(0)
+            averaged[name] = total.to(first.dtype)
+        else:
+            averaged[name] = first.clone()
+    return averaged
+
+
+def consensus_distance(vectors: np.ndarray) -> float:
+    """sqrt(mean_i |x_i - mean x|^2) over the rows of ``vectors``."""
+    centred = vectors - vectors.mean(axis=0, keepdims=True)
+    return float(np.sqrt((centred ** 2).sum(axis=1).mean()))
+
+
+def flat_vector(state: dict[str, torch.Tensor]) -> np.ndarray:
+    return torch.cat([t.reshape(-1).to(torch.float64) for t in state.values() if t.is_floating_point()]).numpy()
+
+
+def consensus_trace(out: Path, nodes: int, numel: int) -> tuple[list[dict[str, float]], float]:
+    """Distance per round from the sampled traces (scaled up when coordinates were sampled), and the
+    largest drift of the mean from its starting value, over the rounds every peer recorded."""
+    traces = [np.load(out / f"trace-{rank}.npz") for rank in range(nodes)]
+    common = sorted(set.intersection(*(set(t["rounds"].tolist()) for t in traces)))
+    scale = math.sqrt(numel / traces[0]["values"].shape[1])
+    rows, drift, mean0 = [], 0.0, None
+    for round in common:
+        stacked = np.stack([t["values"][list(t["rounds"]).index(round)] for t in traces]).astype(np.float64)
+        mean = stacked.mean(axis=0)
+        mean0 = mean if mean0 is None else mean0
+        drift = max(drift, float(np.linalg.norm(mean - mean0)) * scale)
+        rows.append({"round": round, "distance": consensus_distance(stacked) * scale})
+    return rows, drift
+
+
+def peer_result(rank: int, events: list[dict[str, Any]]) -> dict[str, Any]:
+    end = next((e for e in events if e["event"] == "end"), {})
+    test = end.get("test", {})
+    return {"rank": rank, "steps": end.get("step"), "rounds": end.get("rounds"), "test_accuracy": test.get("accuracy"),
+            "test_loss": test.get("loss"), "test": test, "wall_seconds": end.get("wall_seconds"),
+            "bytes_sent": end.get("bytes_sent"), "bytes_received": end.get("bytes_received"),
+            "wait_seconds": end.get("wait_seconds"), "samples_per_second": end.get("speed"),
+            "staleness": end.get("staleness"), "dropped": end.get("dropped")}
+
+
+def summarise(cfg: RunConfig, out: Path, wall_seconds: float) -> dict[str, Any]:
+    events = [read_events(out / f"peer-{rank}.jsonl") for rank in range(cfg.nodes)]
+    peers = [peer_result(rank, ev) for rank, ev in enumerate(events)]
+    states = [torch.load(out / f"model-{rank}.pt", weights_only=True) for rank in range(cfg.nodes)]
+    final = average_state_dicts(states)
+    torch.save(final, out / "model-final.pt")
+    vectors = np.stack([flat_vector(s) for s in states])
+    trace, drift = consensus_trace(out, cfg.nodes, vectors.shape[1])
+    task = build_task(cfg.task, TaskContext(0, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum, cfg.batch_size, cfg.dim))
+    final_metrics = {}
+    if task.trains:
+        task.model.load_state_dict(final)
+        final_metrics = task.evaluate()
+    accuracies = [p["test_accuracy"] for p in peers if p["test_accuracy"] is not None]
+    summary = {
+        "mode": cfg.gossip.mode, "topology": cfg.gossip.topology, "nodes": cfg.nodes, "task": cfg.task,
+        "steps": cfg.steps, "seed": cfg.gossip.seed, "wall_seconds": wall_seconds, "peers": peers,
+        "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
+        "final_model": final_metrics, "consensus_distance": consensus_distance(vectors),
+        "consensus_trace": trace, "mean_drift": drift, "spectral": spectral(cfg),
+        "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    from launch.plot import plot_run
+
+    plot_run(out, events, trace, out / "summary.png")
+    print_table(summary, out)
+    return summary
+
+
+def spectral(cfg: RunConfig) -> dict[str, Any]:
+    if cfg.nodes < 2:
+        return {}
+    topology = build_topology(cfg.gossip.topology, cfg.nodes)
+    return {"slem": topology.slem(0), "contraction": topology.contraction(0), "directed": topology.directed,
+            "time_varying": topology.time_varying}
+
+
+def _cell(value: float | None, width: int, spec: str = "") -> str:
+    return ("-" if value is None else format(value, spec)).rjust(width)
+
+
+def print_table(summary: dict[str, Any], out: Path) -> None:
+    columns = [("peer", 4), ("steps", 6), ("rounds", 6), ("test acc", 8), ("test loss", 9), ("waited s", 8),
+               ("sent MB", 8), ("recv MB", 8)]
+    lines = [f"\n{summary['mode']} on {summary['topology']}, {summary['nodes']} peers, task {summary['task']}",
+             " ".join(name.rjust(width) for name, width in columns)]
+    for p in summary["peers"]:
+        values = [(p["rank"], ""), (p["steps"], ""), (p["rounds"], ""), (p["test_accuracy"], ".4f"),
+                  (p["test_loss"], ".4f"), (p["wait_seconds"], ".2f"), ((p["bytes_sent"] or 0) / 1e6, ".2f"),
+                  ((p["bytes_received"] or 0) / 1e6, ".2f")]
+        lines.append(" ".join(_cell(v, width, spec) for (v, spec), (_, width) in zip(values, columns)))
+    if summary["mean_test_accuracy"] is not None:
+        lines.append(f"mean test accuracy       {summary['mean_test_accuracy']:.4f}")
+    if summary["final_model"].get("accuracy") is not None:
+        lines.append(f"averaged model accuracy  {summary['final_model']['accuracy']:.4f}  (model-final.pt)")
+    lines.append(f"consensus distance       {summary['consensus_distance']:.3e}")
+    lines.append(f"wall time                {summary['wall_seconds']:.1f} s")
+    lines.append(f"bytes sent (all peers)   {summary['bytes_sent'] / 1e6:.1f} MB")
+    lines.append(f"results                  {out}/ (summary.json, summary.png, peer-<rank>.jsonl, model-*.pt)")
+    print("\n".join(lines))

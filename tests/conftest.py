@@ -1,0 +1,110 @@
+"""Shared fixtures: free loopback ports, and running the launcher as users do, bounded in time.
+
+Every multi-process test goes through ``launch_run``: the launcher runs as a real subprocess under a
+timeout; its peers receive SIGTERM if it dies (PR_SET_PDEATHSIG), and afterwards any peer PID listed in
+peers.json that is still alive is killed, so a hang fails the test instead of freezing CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ports_free(base: int, count: int) -> bool:
+    for port in range(base, base + count):
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_base_port(count: int) -> int:
+    """A base port with ``count`` consecutive free ports, outside the kernel's ephemeral range."""
+    for _ in range(200):
+        base = random.randrange(20000, 32000 - count)
+        if ports_free(base, count):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    out: Path
+
+    @property
+    def summary(self) -> dict:
+        return json.loads((self.out / "summary.json").read_text())
+
+    def events(self, rank: int) -> list[dict]:
+        lines = (self.out / f"peer-{rank}.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def peer_pids(out: Path) -> list[int]:
+    try:
+        return [peer["pid"] for peer in json.loads((out / "peers.json").read_text())]
+    except (OSError, ValueError):
+        return []
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of a dead launcher is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def reap_peers(out: Path, grace: float) -> list[int]:
+    """Wait up to ``grace`` s for the run's peers (PIDs from peers.json) to exit, SIGKILL the rest."""
+    deadline = time.monotonic() + grace
+    while (left := [pid for pid in peer_pids(out) if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+@pytest.fixture
+def launch_run(tmp_path):
+    """Run ``python -m launch`` with free ports and a fresh --out; returns a ``Run``."""
+    outs: list[tuple[Path, bool]] = []
+
+    def run(*args: str, nodes: int = 4, timeout: float = 150, expect_ok: bool = True, name: str = "run") -> Run:
+        out = tmp_path / name
+        command = [sys.executable, "-m", "launch", "--nodes", str(nodes), "--out", str(out), "--progress", "plain",
+                   "--base-port", str(free_base_port(nodes)), *args]
+        outs.append((out, False))
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        outs[-1] = (out, True)
+        result = Run(proc.returncode, proc.stdout, proc.stderr, out)
+        if expect_ok and proc.returncode != 0:
+            pytest.fail(f"launcher exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+        return result
+
+    yield run
+    for out, finished in outs:
+        leftovers = reap_peers(out, grace=5.0)
+        assert not (finished and leftovers), f"peers {leftovers} outlived the launcher"
