@@ -15,7 +15,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "attach": "gossip.api", "build_topology": "gossip.api", "Averager": "gossip.averagers",
+    "attach": "gossip.api", "build_topology": "gossip.config", "Averager": "gossip.averagers",
     "GossipConfig": "gossip.config", "RunConfig": "gossip.config", "Task": "gossip.tasks",
     "TaskContext": "gossip.tasks", "ConfigError": "gossip.errors", "GossipError": "gossip.errors",
     "PeerTimeout": "gossip.errors", "PeerUnreachable": "gossip.errors", "ProtocolError": "gossip.errors",

@@ -14,21 +14,10 @@ from typing import Any
 
 from torch import nn
 
-import topologies
 from gossip.averagers import AVERAGERS, Averager
-from gossip.config import GossipConfig
+from gossip.config import GossipConfig, build_topology
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
-
-
-def build_topology(spec: str, world_size: int) -> topologies.Topology:
-    """``topologies.build`` with its errors translated into ours at the package boundary."""
-    try:
-        return topologies.build(spec, world_size)
-    except topologies.ConfigError as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(str(exc)) from exc
 
 
 def attach(model: nn.Module, config: GossipConfig | None = None, **overrides: Any) -> Averager:

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import topologies
 from gossip.errors import ConfigError
 
 GOSSIP_MODES = ("gossip-sync", "gossip-async")
@@ -47,6 +48,8 @@ class GossipConfig:
 
     def __post_init__(self) -> None:
         _check_int(self, "world_size", minimum=1)
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
+            raise ConfigError(f"rank must be an integer, got {self.rank!r}")
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside 0..{self.world_size - 1}; ranks count from 0")
         if self.mode not in MODES:
@@ -61,10 +64,12 @@ class GossipConfig:
         _check_int(self, "base_port", minimum=1, maximum=65535 - self.world_size + 1)
         _check_positive(self, "staleness_temperature", "round_timeout", "startup_timeout", "send_timeout",
                         "shutdown_timeout")
-        if not 0.0625 <= self.chunk_mb <= 64:
+        if not (_is_real(self.chunk_mb) and 0.0625 <= self.chunk_mb <= 64):
             raise ConfigError(f"--chunk-mb {self.chunk_mb} is out of range; use a value in 0.0625..64 (8 is good)")
         if self.endpoints and len(self.endpoints) != self.world_size:
             raise ConfigError(f"{len(self.endpoints)} endpoints given for {self.world_size} peers; give one per peer")
+        if self.world_size > 1:
+            build_topology(self.topology, self.world_size)  # a bad spec fails here, before any socket opens
 
     @property
     def chunk_bytes(self) -> int:
@@ -107,9 +112,9 @@ class RunConfig:
         _check_int(self, "log_every", minimum=1)
         _check_int(self, "trace_coords", minimum=1)
         _check_positive(self, "lr")
-        if not 0 <= self.momentum < 1:
+        if not (_is_real(self.momentum) and 0 <= self.momentum < 1):
             raise ConfigError(f"--momentum {self.momentum} must be in [0, 1)")
-        if self.compute_ms < 0 or not math.isfinite(self.compute_ms):
+        if not (_is_real(self.compute_ms) and self.compute_ms >= 0):
             raise ConfigError(f"--compute-ms {self.compute_ms} must be a finite number >= 0")
         if self.speeds:
             if len(self.speeds) != self.nodes:
@@ -117,7 +122,7 @@ class RunConfig:
                     f"--speeds lists {len(self.speeds)} values for {self.nodes} nodes; give one per node, e.g. "
                     + ",".join(["1"] * (self.nodes - 1) + ["0.25"])
                 )
-            bad = [s for s in self.speeds if not (0 < s <= 1e6 and math.isfinite(s))]
+            bad = [s for s in self.speeds if not (_is_real(s) and 0 < s <= 1e6)]
             if bad:
                 raise ConfigError(f"--speeds must be positive numbers (1 = full speed, 0.25 = 4x slower); got {bad[0]}")
         if self.gossip.world_size != self.nodes:
@@ -141,9 +146,24 @@ class RunConfig:
         return cls(**data, gossip=GossipConfig(**gossip_data))
 
 
+def build_topology(spec: str, world_size: int) -> topologies.Topology:
+    """``topologies.build`` with its errors translated into ours at the package boundary."""
+    try:
+        return topologies.build(spec, world_size)
+    except topologies.ConfigError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(str(exc)) from exc
+
+
+def _flag(name: str) -> str:
+    """The launcher flag that sets field ``name`` (messages name what the user typed)."""
+    return {"world_size": "--nodes"}.get(name, "--" + name.replace("_", "-"))
+
+
 def _check_int(obj: Any, name: str, *, minimum: int, maximum: int | None = None) -> None:
     value = getattr(obj, name)
-    flag = "--" + name.replace("_", "-")
+    flag = _flag(name)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{flag} must be an integer, got {value!r}")
     if value < minimum or (maximum is not None and value > maximum):
@@ -154,5 +174,10 @@ def _check_int(obj: Any, name: str, *, minimum: int, maximum: int | None = None)
 def _check_positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value!r}")
+        if not (_is_real(value) and value > 0):
+            raise ConfigError(f"{_flag(name)} must be a positive number, got {value!r}")
+
+
+def _is_real(value: Any) -> bool:
+    # Comparing a str raises TypeError instead of a ConfigError; bool is an int to Python but no sensible size.
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

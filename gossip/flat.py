@@ -24,7 +24,7 @@ class FlatParams:
     """Owns the flat segments of ``model``; ``segments[i]`` is a 1-D tensor of ``layout.dtypes[i]``."""
 
     def __init__(self, model: nn.Module, chunk_bytes: int) -> None:
-        entries = _averaged_tensors(model)
+        entries, aliases = _averaged_tensors(model)
         if not entries:
             raise ConfigError("the model has no floating-point parameters or buffers to average")
         groups: dict[tuple[torch.dtype, torch.device], list[tuple[str, nn.Module, str, torch.Tensor]]] = {}
@@ -34,6 +34,7 @@ class FlatParams:
         if len({device for _, device in groups}) > 1:
             raise ConfigError("the model's tensors live on several devices; move the model to one device first")
         self.segments: list[torch.Tensor] = []
+        views: dict[int, torch.Tensor] = {}  # id of the original tensor -> its view in the flat segment
         for (dtype, device), members in groups.items():
             flat = torch.empty(sum(t.numel() for *_, t in members), dtype=dtype, device=device)
             offset = 0
@@ -41,13 +42,16 @@ class FlatParams:
                 view = flat[offset:offset + tensor.numel()].view_as(tensor)
                 view.copy_(tensor.detach())
                 _repoint(module, attr, view)
+                views[id(tensor)] = view
                 offset += tensor.numel()
             self.segments.append(flat)
+        for module, attr, tensor in aliases:
+            _repoint(module, attr, views[id(tensor)])  # a buffer shared by two modules must stay shared
         self.device = self.segments[0].device
         self.chunk_bytes = chunk_bytes
         self.layout = Layout.describe(
             [(name, tuple(t.shape), _DTYPE_NAMES[t.dtype]) for name, _, _, t in entries],
-            [_DTYPE_NAMES[s.dtype] for s in self.segments], [s.numel() for s in self.segments])
+            [_DTYPE_NAMES[s.dtype] for s in self.segments], [s.numel() for s in self.segments], chunk_bytes)
         self.plan = self.layout.frame_plan(chunk_bytes)
 
     @property
@@ -86,18 +90,24 @@ class FlatParams:
             view.copy_(chunk)
 
 
-def _averaged_tensors(model: nn.Module) -> list[tuple[str, nn.Module, str, torch.Tensor]]:
-    """(qualified name, owner module, attribute, tensor) for every tensor to average, tied ones once."""
+def _averaged_tensors(model: nn.Module) -> tuple[list[tuple[str, nn.Module, str, torch.Tensor]],
+                                                  list[tuple[nn.Module, str, torch.Tensor]]]:
+    """(qualified name, owner module, attribute, tensor) for every tensor to average, tied ones once; and
+    (module, attribute, tensor) for every further place a tied tensor is registered."""
     seen: set[int] = set()
     entries = []
+    aliases = []
     for module_name, module in model.named_modules():
         for kind in ("_parameters", "_buffers"):
             for attr, tensor in getattr(module, kind).items():
-                if tensor is None or id(tensor) in seen or tensor.dtype not in _DTYPE_NAMES:
+                if tensor is None or tensor.dtype not in _DTYPE_NAMES:
+                    continue
+                if id(tensor) in seen:
+                    aliases.append((module, attr, tensor))
                     continue
                 seen.add(id(tensor))
                 entries.append((f"{module_name}.{attr}".lstrip("."), module, attr, tensor))
-    return entries
+    return entries, aliases
 
 
 def _repoint(module: nn.Module, attr: str, view: torch.Tensor) -> None:

@@ -119,25 +119,30 @@ class Transport:
             await outbox.queue.join()
 
     # -- sending ---------------------------------------------------------------------------------------
-    def post(self, dest: int, frames: list[Any], *, latest_only: bool, timeout: float) -> None:
-        """Queue ``frames`` for ``dest``. ``latest_only`` replaces a queued, unsent message instead of
-        waiting; otherwise wait up to ``timeout`` seconds for room in the queue (PeerTimeout after)."""
+    def post(self, dests: Sequence[int], frames: list[Any], *, latest_only: bool, timeout: float) -> None:
+        """Queue ``frames`` for every rank in ``dests`` (one hand-over to the loop for all of them).
+
+        ``latest_only`` replaces a queued, unsent message instead of waiting; otherwise wait up to
+        ``timeout`` seconds for room in each queue (PeerTimeout naming the peer after that)."""
         self.raise_if_failed()
         if latest_only:
-            self._thread.call_soon(self._post_latest, dest, frames)
+            self._thread.call_soon(self._post_latest, dests, frames)
         else:
-            self._thread.run(self._post_wait(dest, frames), timeout, f"queueing a message for peer {dest}")
+            self._thread.run(self._post_wait(dests, frames), timeout,
+                             f"queueing a message for peer(s) {', '.join(map(str, dests))}")
 
-    def _post_latest(self, dest: int, frames: list[Any]) -> None:
-        queue = self._outbox(dest).queue
-        if queue.full():
-            queue.get_nowait()
-            queue.task_done()
-            self.replaced += 1
-        queue.put_nowait(frames)
+    def _post_latest(self, dests: Sequence[int], frames: list[Any]) -> None:
+        for dest in dests:
+            queue = self._outbox(dest).queue
+            while not queue.empty():  # only the newest snapshot is worth sending
+                queue.get_nowait()
+                queue.task_done()
+                self.replaced += 1
+            queue.put_nowait(frames)
 
-    async def _post_wait(self, dest: int, frames: list[Any]) -> None:
-        await self._outbox(dest).queue.put(frames)
+    async def _post_wait(self, dests: Sequence[int], frames: list[Any]) -> None:
+        for dest in dests:
+            await self._outbox(dest).queue.put(frames)
 
     def _outbox(self, dest: int) -> _Outbox:
         outbox = self._outboxes.get(dest)
@@ -188,6 +193,9 @@ class Transport:
                 if count <= _WARN_FIRST or count % 1000 == 0:
                     log.warning("peer %d dropped a message from %s (%s, %d so far): %s",
                                 self.rank, sender_name(identity.bytes), exc.reason, count, exc)
+            # A ready message makes ``await recv`` return without yielding; yield so that a flood of
+            # incoming messages cannot starve our own sends.
+            await asyncio.sleep(0)
 
     def _note_failure(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:

@@ -49,13 +49,16 @@ class Layout:
     dtypes: tuple[str, ...]
     numels: tuple[int, ...]
     fingerprint: str
+    # Our frame size; the receiver mixes chunk by chunk along its own frame_plan, so a sender must cut
+    # the same way. 0 accepts any size (tools that only inspect messages).
+    chunk_bytes: int = 0
 
     @classmethod
     def describe(cls, entries: Sequence[tuple[str, tuple[int, ...], str]], dtypes: Sequence[str],
-                 numels: Sequence[int]) -> Layout:
+                 numels: Sequence[int], chunk_bytes: int = 0) -> Layout:
         """Build a layout whose fingerprint hashes every (name, shape, dtype) entry in order."""
         digest = hashlib.sha256(repr(list(entries)).encode()).hexdigest()[:16]
-        return cls(tuple(dtypes), tuple(numels), digest)
+        return cls(tuple(dtypes), tuple(numels), digest, chunk_bytes)
 
     def nbytes(self, segment: int) -> int:
         return self.numels[segment] * DTYPES[self.dtypes[segment]].itemsize
@@ -134,9 +137,10 @@ def decode(frames: Sequence[Any], layout: Layout, world_size: int) -> Message:
             raise ProtocolError("length", f"frame of {len(buffer)} bytes where {(stop - start) * dtype.itemsize} belong")
         chunks.append(torch.frombuffer(buffer, dtype=dtype))
     for chunk in chunks:
-        # One read-only pass: NaN or Inf anywhere makes the sum non-finite (so do sums that overflow).
+        # One read-only pass: NaN or Inf anywhere makes the sum non-finite. So does a sum of large finite
+        # values that overflows; only then is the exact element-wise check worth its temporary.
         accumulate = torch.float32 if chunk.element_size() < 4 else chunk.dtype  # fp16 sums overflow at 65504
-        if not math.isfinite(float(chunk.sum(dtype=accumulate))):
+        if not math.isfinite(float(chunk.sum(dtype=accumulate))) and not bool(torch.isfinite(chunk).all()):
             raise ProtocolError("non-finite", f"payload from peer {header.sender} holds NaN or Inf")
     return Message(header, chunks, layout.total_bytes)
 
@@ -190,6 +194,9 @@ def _check_layout(header: Header, layout: Layout, frame_count: int) -> list[tupl
     if not MIN_CHUNK_BYTES <= header.chunk_bytes <= MAX_CHUNK_BYTES or header.chunk_bytes % 64:
         raise ProtocolError("chunk", f"chunk size {header.chunk_bytes} is not a multiple of 64 in "
                                      f"{MIN_CHUNK_BYTES}..{MAX_CHUNK_BYTES}")
+    if layout.chunk_bytes and header.chunk_bytes != layout.chunk_bytes:
+        raise ProtocolError("chunk", f"peer {header.sender} cuts its payload into {header.chunk_bytes}-byte frames, "
+                                     f"we into {layout.chunk_bytes}; every peer must use the same --chunk-mb")
     plan = layout.frame_plan(header.chunk_bytes)
     if frame_count != len(plan):
         raise ProtocolError("frames", f"{frame_count} payload frames where the layout needs {len(plan)}")

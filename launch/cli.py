@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from gossip.config import MODES, STALENESS_WEIGHTS, GossipConfig, RunConfig
-from gossip.errors import ConfigError
+from gossip.errors import ConfigError, TaskError
 
 PROG = "gossip-launch"
 RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = config_from_args(args)
         from launch.local import run_local  # imports torch; keep --help and flag errors fast
         return run_local(cfg, progress=args.progress)
-    except ConfigError as exc:
+    except (ConfigError, TaskError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gossip.config import RunConfig
 from gossip.errors import ConfigError
+from gossip.tasks import load_task
 from launch.progress import Progress
 
 POLL_SECONDS = 0.25
@@ -108,6 +109,7 @@ def watch(procs: list[subprocess.Popen], progress: Progress, out: Path) -> str |
 
 
 def run_local(cfg: RunConfig, progress: str = "auto") -> int:
+    load_task(cfg.task)  # an unknown task fails here, in one line, not in N peers
     check_ports(cfg)
     out = prepare_out(cfg)
 

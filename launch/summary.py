@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gossip.api import build_topology
-from gossip.config import RunConfig
+from gossip.config import RunConfig, build_topology
 from gossip.tasks import TaskContext, build_task
 from launch.events import read_events
 
@@ -42,12 +41,15 @@ def flat_vector(state: dict[str, torch.Tensor]) -> np.ndarray:
 def consensus_trace(out: Path, nodes: int, numel: int) -> tuple[list[dict[str, float]], float]:
     """Distance per round from the sampled traces (scaled up when coordinates were sampled), and the
     largest drift of the mean from its starting value, over the rounds every peer recorded."""
-    traces = [np.load(out / f"trace-{rank}.npz") for rank in range(nodes)]
-    common = sorted(set.intersection(*(set(t["rounds"].tolist()) for t in traces)))
-    scale = math.sqrt(numel / traces[0]["values"].shape[1])
+    traces = []
+    for rank in range(nodes):
+        with np.load(out / f"trace-{rank}.npz") as data:  # an NpzFile re-reads an array on every access
+            traces.append({int(r): row for r, row in zip(data["rounds"], data["values"])})
+    common = sorted(set.intersection(*(set(t) for t in traces)))
+    scale = math.sqrt(numel / len(traces[0][common[0]]))
     rows, drift, mean0 = [], 0.0, None
     for round in common:
-        stacked = np.stack([t["values"][list(t["rounds"]).index(round)] for t in traces]).astype(np.float64)
+        stacked = np.stack([t[round] for t in traces]).astype(np.float64)
         mean = stacked.mean(axis=0)
         mean0 = mean if mean0 is None else mean0
         drift = max(drift, float(np.linalg.norm(mean - mean0)) * scale)

@@ -17,6 +17,7 @@ from gossip.mixing import stale_weights
 
 
 class AsyncGossip(Averager):
+    flush_on_close = False  # a neighbour that already finished would hold our last snapshot forever
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.staleness: Counter[int] = Counter()  # tau of every snapshot mixed

@@ -55,14 +55,15 @@ class Averager(ABC):
     def _finish(self) -> None:
         """Complete whatever is in flight before the sockets close (sync: the last round)."""
 
+    flush_on_close = True  # deliver queued messages before closing (async snapshots are best effort)
+
     # -- public ----------------------------------------------------------------------------------------
     def start(self) -> Averager:
         """Bind, then wait (``startup_timeout``) until every first-round neighbour has said hello."""
         self.transport.start()
         neighbours = self.topology.neighbors(self.rank, 0) if self.config.world_size > 1 else ()
         hello = encode(Header(kind="hello", sender=self.rank))
-        for dest in neighbours:
-            self.transport.post(dest, hello, latest_only=False, timeout=self.config.send_timeout)
+        self.transport.post(neighbours, hello, latest_only=False, timeout=self.config.send_timeout)
         self.mailbox.wait_hellos(neighbours, self.config.startup_timeout)
         return self
 
@@ -86,7 +87,7 @@ class Averager(ABC):
             if finish and self.config.world_size > 1:
                 self._finish()
         finally:
-            self.transport.close(flush=finish)
+            self.transport.close(flush=finish and self.flush_on_close)
 
     def __enter__(self) -> Averager:
         return self
@@ -107,8 +108,8 @@ class Averager(ABC):
         header = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
                                step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second)
         frames = encode(header, snapshot)
-        for dest in self.topology.out_neighbors(self.rank, round):
-            self.transport.post(dest, frames, latest_only=latest_only, timeout=self.config.send_timeout)
+        self.transport.post(self.topology.out_neighbors(self.rank, round), frames, latest_only=latest_only,
+                            timeout=self.config.send_timeout)
         return snapshot
 
     def _timed_mix(self) -> _Timer:

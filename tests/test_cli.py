@@ -1,0 +1,81 @@
+"""The launcher's command line: every flag documented with its default, and one clear line for bad input."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from launch.cli import FLAGS, build_parser
+from tests.conftest import ROOT, free_base_port
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launch", *args], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+
+
+def test_help_shows_every_flag_with_its_default():
+    proc = launch("--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())  # argparse wraps lines
+    parser = build_parser()
+    for flag, name, _ in FLAGS:
+        assert flag in text, flag
+        if name != "out":
+            default = parser.get_default(name)
+            shown = ",".join(map(str, default)) or "all 1" if isinstance(default, tuple) else str(default)
+            assert f"{flag} {name.upper()}" in text
+            assert f"(default: {shown})" in text, (flag, shown)
+    assert "--progress" in text and "runs/<date-time>" in text
+
+
+def test_defaults_are_four_peers_on_a_ring_training_digits():
+    args = build_parser().parse_args([])
+    assert (args.nodes, args.topology, args.mode, args.task) == (4, "ring", "gossip-sync", "digits")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--nodes", "abc"], "argument --nodes: invalid int value: 'abc'"),
+    (["--nodez", "3"], "unrecognized arguments: --nodez 3"),
+    (["--mode", "gossip"], "unknown mode 'gossip'; choose one of: gossip-sync, gossip-async"),
+    (["--topology", "rng"], "unknown topology 'rng'"),
+    (["--topology", "torus:3x3", "--nodes", "8"], "torus:3x3"),
+    (["--nodes", "0"], "--nodes must be >= 1, got 0"),
+    (["--speeds", "1,1", "--nodes", "4"], "--speeds lists 2 values for 4 nodes; give one per node, e.g. 1,1,1,0.25"),
+    (["--speeds", "1,x"], "is not a comma-separated list of numbers"),
+    (["--speeds", "1,1,1,0"], "--speeds must be positive numbers"),
+    (["--staleness-weight", "linear"], "unknown staleness weight 'linear'"),
+    (["--task", "nosuchpackage.mod:fn"], "cannot import task module 'nosuchpackage.mod'"),
+    (["--task", "tests.tasks:nothing_here"], "has no function 'nothing_here'"),
+    (["--chunk-mb", "1000"], "--chunk-mb 1000.0 is out of range"),
+])
+def test_bad_input_gives_one_clear_line_and_exit_2(args, expected, tmp_path):
+    proc = launch(*args, "--out", str(tmp_path / "out"), "--base-port", str(free_base_port(8)))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("gossip-launch: error:") and expected in lines[0], lines[0]
+    assert not (tmp_path / "out" / "peers.json").exists()
+
+
+def test_a_port_in_use_is_reported_before_anything_starts(tmp_path):
+    base = free_base_port(4)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", base + 2))
+        holder.listen()
+        proc = launch("--out", str(tmp_path / "out"), "--base-port", str(base))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"gossip-launch: error: port {base + 2} for peer 2 on 127.0.0.1 is unavailable "
+                                   "(Address already in use); choose another --base-port")
+
+
+def test_an_output_directory_holding_a_run_is_not_overwritten(tmp_path):
+    (tmp_path / "peers.json").write_text("[]")
+    proc = launch("--out", str(tmp_path), "--base-port", str(free_base_port(4)))
+    assert proc.returncode == 2
+    assert "already holds a run" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -1,0 +1,117 @@
+"""End to end on the embedded default task: real peer processes train digits by gossip over loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from launch.summary import average_state_dicts
+from tests.conftest import ROOT, alive, free_base_port, peer_pids, reap_peers
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_sync_ring_digits_trains_every_peer(launch_run):
+    run = launch_run("--steps", "200", nodes=4)
+    summary = run.summary
+    accuracies = [p["test_accuracy"] for p in summary["peers"]]
+    assert summary["mean_test_accuracy"] >= 0.90, accuracies
+    assert max(accuracies) - min(accuracies) <= 0.02, accuracies
+    assert summary["final_model"]["accuracy"] >= 0.90
+    assert all(p["rounds"] == 200 and p["bytes_sent"] > 0 for p in summary["peers"])
+
+    for name in ("peers.json", "summary.json", "summary.png", "model-final.pt", "config.json"):
+        assert (run.out / name).stat().st_size > 0, name
+    peers = json.loads((run.out / "peers.json").read_text())
+    assert [p["rank"] for p in peers] == [0, 1, 2, 3]
+    assert all(p["endpoint"].startswith("tcp://127.0.0.1:") for p in peers)
+
+    states = [torch.load(run.out / f"model-{r}.pt", weights_only=True) for r in range(4)]
+    final = torch.load(run.out / "model-final.pt", weights_only=True)
+    for name, tensor in final.items():
+        torch.testing.assert_close(tensor, sum(s[name] for s in states) / 4, rtol=0, atol=1e-6)
+    assert average_state_dicts(states).keys() == final.keys()
+
+    steps = [e for e in run.events(1) if e["event"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, 201))
+    assert {"loss", "round", "bytes_sent", "bytes_received", "time", "wait_seconds"} <= steps[-1].keys()
+    assert "mean test accuracy" in run.stdout and "consensus distance" in run.stdout
+
+
+def test_async_with_a_slow_peer_finishes_and_logs_staleness(launch_run):
+    run = launch_run("--mode", "gossip-async", "--speeds", "1,1,1,0.3", "--steps", "150", "--compute-ms", "2",
+                     "--staleness-weight", "inverse", nodes=4)
+    summary = run.summary
+    assert all(p["steps"] == 150 for p in summary["peers"])
+    histograms = [p["staleness"] for p in summary["peers"]]
+    assert all(h for h in histograms), histograms  # every peer mixed something and logged its staleness
+    # The slow peer's neighbours see its snapshots grow stale between its sends.
+    assert max(int(tau) for tau in histograms[0]) >= 2
+    logged = [e for e in run.events(0) if e["event"] == "step" and e.get("staleness")]
+    assert logged, "step events carry the staleness histogram"
+    assert summary["mean_test_accuracy"] >= 0.85
+
+
+def test_a_failing_peer_is_named_and_the_run_fails(launch_run):
+    run = launch_run("--task", "tests.tasks:fails_on_rank_2", "--steps", "300", nodes=3, expect_ok=False)
+    assert run.returncode == 1
+    message = run.stderr.strip().splitlines()[-1]
+    assert "peer 2 failed" in message and "simulated failure" in message, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_ctrl_c_stops_every_peer_cleanly(tmp_path):
+    out = tmp_path / "interrupted"
+    command = [sys.executable, "-m", "launch", "--nodes", "3", "--out", str(out), "--progress", "plain",
+               "--base-port", str(free_base_port(3)), "--task", "tests.tasks:slow_digits", "--steps", "100000"]
+    launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not _all_training(out, 3):
+            time.sleep(0.2)
+        assert _all_training(out, 3), "peers never started training"
+        pids = peer_pids(out)
+        launcher.send_signal(signal.SIGINT)
+        stdout, stderr = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        leftovers = reap_peers(out, grace=5)
+    assert launcher.returncode == 130, stderr
+    assert "stopping 3 peers" in stderr and "Traceback" not in stderr
+    assert not leftovers and not any(alive(pid) for pid in pids)
+    for rank in range(3):
+        last = json.loads((out / f"peer-{rank}.jsonl").read_text().splitlines()[-1])
+        assert last["event"] == "stopped" and last["message"] == "SIGTERM"
+
+
+def _all_training(out, nodes: int) -> bool:
+    try:
+        return all('"event": "step"' in (out / f"peer-{r}.jsonl").read_text() for r in range(nodes))
+    except OSError:
+        return False
+
+
+def test_peer_process_exits_with_one_line_on_a_bad_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"nodes": 2, "steps": -1}))
+    proc = subprocess.run([sys.executable, "-m", "gossip.peer", str(tmp_path / "config.json"), "--rank", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == ["peer 0: --steps must be >= 1, got -1"]
+
+
+def test_the_three_line_example_trains(tmp_path):
+    proc = subprocess.run([sys.executable, "examples/ordinary_loop.py", "--world-size", "2", "--steps", "100",
+                           "--base-port", str(free_base_port(2))], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("peer "))
+    assert len(lines) == 2 and all("100 gossip rounds" in line for line in lines), proc.stdout
+    assert all(float(line.split("accuracy ")[1].split()[0]) >= 0.85 for line in lines)
