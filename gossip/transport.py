@@ -29,6 +29,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from gossip.alloc import keep_freed_memory
 from gossip.errors import PeerTimeout, PeerUnreachable, ProtocolError, TransportError
 from gossip.loop import LoopThread
 from gossip.wire import MAX_CHUNK_BYTES
@@ -62,6 +63,7 @@ class Transport:
 
     # -- life cycle ------------------------------------------------------------------------------------
     def start(self, timeout: float = 10.0) -> None:
+        keep_freed_memory()
         self._thread.start()
         self._thread.run(self._open(), timeout, f"binding {self.bind_endpoint}")
 

@@ -37,6 +37,7 @@ class PeerState:
             self.accuracy = event.get("accuracy", self.accuracy)
         elif kind == "end":
             self.status = "done"
+            self.round = event.get("rounds", self.round)
             self.accuracy = event.get("test", {}).get("accuracy", self.accuracy)
         elif kind in ("error", "stopped"):
             self.status = kind
@@ -92,11 +93,13 @@ class Progress:
         return " | ".join(parts)
 
     def _table(self):
+        from rich import box
         from rich.table import Table
 
-        table = Table(title=f"gossip peers, {time.monotonic() - self.started:.1f} s", title_justify="left")
-        for column in ("peer", "status", "step", "round", "loss", "test acc", "samples/s", "waited s", "sent MB"):
-            table.add_column(column, justify="right")
+        table = Table(title=f"gossip peers, {time.monotonic() - self.started:.1f} s", title_justify="left",
+                      box=box.SIMPLE_HEAD, padding=(0, 1))
+        for column in ("peer", "status", "step", "round", "loss", "acc", "smp/s", "wait s", "sent MB"):
+            table.add_column(column, justify="right", no_wrap=True)
         for rank, p in enumerate(self.peers):
             table.add_row(str(rank), p.status, f"{p.step}/{self.steps}", str(p.round),
                           "-" if p.loss is None else f"{p.loss:.4f}",

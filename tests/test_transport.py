@@ -1,0 +1,172 @@
+"""The transport and the averagers on real loopback sockets, several peers in one process (fast)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+import gossip
+import topologies
+from gossip.errors import PeerTimeout, PeerUnreachable
+from gossip.transport import Transport
+from tests.conftest import free_base_port
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def endpoints(count: int) -> list[str]:
+    base = free_base_port(count)
+    return [f"tcp://127.0.0.1:{base + r}" for r in range(count)]
+
+
+def vector_model(values: torch.Tensor) -> torch.nn.Module:
+    model = torch.nn.Module()
+    model.value = torch.nn.Parameter(values.clone(), requires_grad=False)
+    return model
+
+
+def run_peers(count: int, target) -> list:
+    """Run ``target(rank)`` in one thread per peer; returns the results, re-raising the first error."""
+    results: list = [None] * count
+    errors: list = []
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = target(rank)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(45)
+    assert not any(t.is_alive() for t in threads), "a peer thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_messages_arrive_and_garbage_is_dropped_and_counted():
+    eps = endpoints(2)
+    received = []
+    receiver = Transport(0, eps[0], eps, lambda identity, frames: received.append((identity, frames)))
+    sender = Transport(1, eps[1], eps, lambda identity, frames: None)
+    receiver.start()
+    sender.start()
+    try:
+        sender.post([0], [b"one", b"two"], latest_only=False, timeout=5)
+        deadline = time.monotonic() + 5
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert received and received[0][0] == b"1" and [f.bytes for f in received[0][1]] == [b"one", b"two"]
+        assert sender.statistics()["messages_sent"] == 1
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_handler_rejections_are_dropped_not_raised():
+    eps = endpoints(2)
+
+    def reject(identity, frames):
+        raise gossip.ProtocolError("header", "not for us")
+
+    receiver = Transport(0, eps[0], eps, reject)
+    receiver.start()
+    context = zmq.Context()
+    stranger = context.socket(zmq.DEALER)
+    stranger.connect(eps[0])
+    try:
+        for _ in range(50):
+            stranger.send_multipart([b"\xc1garbage", b"x" * 10])
+        deadline = time.monotonic() + 5
+        while receiver.statistics()["dropped"].get("header", 0) < 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert receiver.statistics()["dropped"] == {"header": 50}
+        receiver.raise_if_failed()  # the receive loop survived
+    finally:
+        stranger.close(0)
+        context.term()
+        receiver.close()
+
+
+def test_binding_a_taken_port_is_a_clear_error():
+    eps = endpoints(1)
+    first = Transport(0, eps[0], eps, lambda *a: None)
+    first.start()
+    second = Transport(0, eps[0], eps, lambda *a: None)
+    try:
+        with pytest.raises(PeerUnreachable, match="cannot listen on .*choose another --base-port"):
+            second.start()
+    finally:
+        second.close()
+        first.close()
+
+
+def test_sync_gossip_in_threads_is_exactly_w_times_x():
+    """Three peers, one thread each: every round is x <- W x to float64 rounding, and the mean stays."""
+    eps = endpoints(4)
+    start = torch.randn(4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    rounds = 7
+
+    def peer(rank: int) -> np.ndarray:
+        model = vector_model(start[rank])
+        history = [model.value.detach().clone().numpy()]
+        with gossip.attach(model, rank=rank, world_size=4, endpoints=tuple(eps), topology="ring") as averager:
+            for _ in range(rounds):
+                averager.step()
+                history.append(model.value.detach().clone().numpy())
+        history.append(model.value.detach().clone().numpy())  # close() completes the round in flight
+        return np.stack(history)
+
+    histories = run_peers(4, peer)
+    w = topologies.build("ring", 4).mixing_matrix(0)
+    expected = start.numpy()
+    # step k completes round k-1, so after step k the weights are W^(k-1) x0; close() completes the last.
+    for index in range(1, rounds + 2):
+        actual = np.stack([h[index] for h in histories])
+        np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-13)
+        expected = w @ expected
+    np.testing.assert_allclose(np.stack([h[-1] for h in histories]).mean(0), start.numpy().mean(0), atol=1e-14)
+
+
+def test_a_silent_neighbour_times_out_with_its_rank_named():
+    eps = endpoints(2)
+    model = vector_model(torch.zeros(4))
+    mute = Transport(1, eps[1], eps, lambda *a: None)  # answers nothing, not even hello
+    mute.start()
+    try:
+        with pytest.raises(PeerTimeout, match=r"heard nothing from peer\(s\) 1 within 0.5 s"):
+            gossip.attach(model, rank=0, world_size=2, endpoints=tuple(eps), startup_timeout=0.5)
+    finally:
+        mute.close()
+
+
+def test_async_gossip_never_waits_for_a_dead_neighbour():
+    eps = endpoints(2)
+    model = vector_model(torch.ones(8))
+    helper = vector_model(torch.zeros(8))
+    done = threading.Event()
+
+    def neighbour() -> None:
+        with gossip.attach(helper, rank=1, world_size=2, endpoints=tuple(eps), mode="gossip-async") as averager:
+            averager.step()
+        done.set()  # and gone: rank 0 keeps stepping against a closed socket
+
+    thread = threading.Thread(target=neighbour, daemon=True)
+    thread.start()
+    averager = gossip.attach(model, rank=0, world_size=2, endpoints=tuple(eps), mode="gossip-async",
+                             max_staleness=3)
+    assert done.wait(20)
+    for _ in range(50):
+        averager.step()
+    averager.close()
+    stats = averager.statistics()
+    assert stats["step"] == 50 and stats["wait_seconds"] == 0.0
+    assert stats["ignored_stale"] > 0  # its last snapshot aged past max_staleness and was left out
