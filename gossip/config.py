@@ -21,6 +21,7 @@ GOSSIP_MODES = ("gossip-sync", "gossip-async")
 MODES = GOSSIP_MODES
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
 MiB = 1 << 20
+DEFAULT_NODES = 4
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class GossipConfig:
 class RunConfig:
     """A local run of ``nodes`` peers, as the launcher describes it to every peer process."""
 
-    nodes: int = 4
+    nodes: int = DEFAULT_NODES
     task: str = "digits"
     steps: int = 300
     out: str = ""  # output directory; empty means runs/<timestamp>
@@ -100,7 +101,8 @@ class RunConfig:
     eval_every: int = 25  # steps between test-set evaluations (0: only at the end)
     log_every: int = 1  # steps between two step events in peer-<rank>.jsonl
     trace_coords: int = 65536  # coordinates sampled per peer for the consensus-distance trace
-    gossip: GossipConfig = field(default_factory=GossipConfig)
+    # sized like the default run, so that RunConfig() is valid; other sizes pass their own GossipConfig
+    gossip: GossipConfig = field(default_factory=lambda: GossipConfig(world_size=DEFAULT_NODES))
 
     def __post_init__(self) -> None:
         _check_int(self, "nodes", minimum=1)

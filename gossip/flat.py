@@ -78,7 +78,7 @@ class FlatParams:
 
     def add_(self, chunks: list[torch.Tensor], alpha: float) -> None:
         """weights += alpha * chunks (chunks cut by ``plan``, on any device)."""
-        for view, chunk in zip(self.views(), chunks):
+        for view, chunk in zip(self.views(), chunks, strict=True):
             view.add_(chunk.to(self.device, non_blocking=True), alpha=alpha)
 
     def mul_(self, factor: float) -> None:
@@ -86,7 +86,7 @@ class FlatParams:
             segment.mul_(factor)
 
     def copy_(self, chunks: list[torch.Tensor]) -> None:
-        for view, chunk in zip(self.views(), chunks):
+        for view, chunk in zip(self.views(), chunks, strict=True):
             view.copy_(chunk)
 
 

@@ -40,7 +40,7 @@ def stale_weights(self_weight: float, neighbours: Mapping[int, tuple[float, int]
 
 def normalise(self_weight: float, weights: Mapping[int, float]) -> tuple[float, dict[int, float]]:
     """Scale so that the self weight and the neighbour weights sum to one (renormalising over arrivals)."""
+    if not self_weight > 0 or any(w < 0 for w in weights.values()):
+        raise ValueError(f"mixing weights must be non-negative with a positive self weight, got {self_weight}, {weights}")
     total = self_weight + sum(weights.values())
-    if not total > 0:
-        raise ValueError(f"mixing weights sum to {total}; the self weight must be positive")
     return self_weight / total, {j: w / total for j, w in weights.items()}

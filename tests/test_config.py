@@ -1,0 +1,135 @@
+"""Configuration: defaults, one clear ConfigError per invalid value, and the JSON round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from gossip.config import MODES, STALENESS_WEIGHTS, GossipConfig, RunConfig
+from gossip.errors import ConfigError
+
+
+def test_defaults_construct():
+    gossip = GossipConfig()
+    run = RunConfig()
+    assert (gossip.rank, gossip.world_size, gossip.mode) == (0, 1, "gossip-sync")
+    assert run.gossip.world_size == run.nodes
+    assert run.speed(0) == 1.0
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({"rank": 4, "world_size": 4}, "rank 4 is outside 0..3"),
+    ({"rank": -1, "world_size": 4}, "rank -1 is outside 0..3"),
+    ({"rank": 1.0, "world_size": 4}, "rank must be an integer"),
+    ({"mode": "gossip"}, "unknown mode 'gossip'; choose one of: " + ", ".join(MODES)),
+    ({"staleness_weight": "linear"}, "choose one of: " + ", ".join(STALENESS_WEIGHTS)),
+    ({"gossip_every": 0}, "--gossip-every must be >= 1, got 0"),
+    ({"gossip_every": True}, "--gossip-every must be an integer, got True"),
+    ({"gossip_every": 2.0}, "--gossip-every must be an integer, got 2.0"),
+    ({"max_staleness": -1}, "--max-staleness must be >= 0"),
+    ({"queue_depth": 0}, "--queue-depth must be >= 1"),
+    ({"world_size": 0}, "must be >= 1, got 0"),
+    ({"base_port": 0}, "--base-port must be in 1..65535"),
+    ({"base_port": 65535, "world_size": 2, "topology": "full"}, "--base-port must be in 1..65534"),
+    ({"chunk_mb": 0.01}, "--chunk-mb 0.01 is out of range; use a value in 0.0625..64"),
+    ({"chunk_mb": 65}, "--chunk-mb 65 is out of range"),
+    ({"chunk_mb": math.nan}, "--chunk-mb nan is out of range"),
+    ({"chunk_mb": "8"}, "--chunk-mb 8 is out of range"),
+    ({"staleness_temperature": 0.0}, "--staleness-temperature must be a positive number, got 0.0"),
+    ({"round_timeout": math.inf}, "--round-timeout must be a positive number, got inf"),
+    ({"send_timeout": True}, "--send-timeout must be a positive number, got True"),
+    ({"endpoints": ("tcp://a:1",), "world_size": 2, "topology": "full"}, "1 endpoints given for 2 peers; give one per peer"),
+])
+def test_invalid_gossip_config(fields, expected):
+    with pytest.raises(ConfigError) as info:
+        GossipConfig(**fields)
+    assert expected in str(info.value)
+
+
+def run_config(nodes: int = 4, **fields) -> RunConfig:
+    return RunConfig(nodes=nodes, gossip=GossipConfig(world_size=nodes), **fields)
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({"nodes": 0}, "--nodes must be >= 1, got 0"),
+    ({"steps": True}, "--steps must be an integer, got True"),
+    ({"batch_size": 0}, "--batch-size must be >= 1"),
+    ({"eval_every": -1}, "--eval-every must be >= 0"),
+    ({"speeds": (1.0, 1.0)}, "--speeds lists 2 values for 4 nodes; give one per node, e.g. 1,1,1,0.25"),
+    ({"speeds": (1.0, 1.0, 0.0, 1.0)}, "--speeds must be positive numbers (1 = full speed, 0.25 = 4x slower); got 0.0"),
+    ({"speeds": (1.0, -2.0, 1.0, 1.0)}, "--speeds must be positive numbers"),
+    ({"speeds": (1.0, math.nan, 1.0, 1.0)}, "--speeds must be positive numbers"),
+    ({"speeds": (1.0, "1", 1.0, 1.0)}, "--speeds must be positive numbers"),
+    ({"compute_ms": -1.0}, "--compute-ms -1.0 must be a finite number >= 0"),
+    ({"compute_ms": math.inf}, "--compute-ms inf must be a finite number >= 0"),
+    ({"momentum": 1.0}, "--momentum 1.0 must be in [0, 1)"),
+    ({"momentum": -0.1}, "--momentum -0.1 must be in [0, 1)"),
+    ({"lr": 0}, "--lr must be a positive number, got 0"),
+    ({"lr": True}, "--lr must be a positive number, got True"),
+])
+def test_invalid_run_config(fields, expected):
+    with pytest.raises(ConfigError) as info:
+        RunConfig(**fields) if "nodes" in fields else run_config(**fields)
+    assert expected in str(info.value)
+
+
+def test_world_size_must_match_nodes():
+    with pytest.raises(ConfigError, match="differs from nodes 3"):
+        RunConfig(nodes=3, gossip=GossipConfig(world_size=4))
+
+
+def test_speeds_example_has_one_value_per_node():
+    with pytest.raises(ConfigError) as info:
+        run_config(3, speeds=(1.0,))
+    assert str(info.value).endswith("e.g. 1,1,0.25")
+
+
+def test_boundary_values_are_accepted():
+    GossipConfig(chunk_mb=0.0625)
+    GossipConfig(chunk_mb=64)
+    GossipConfig(rank=3, world_size=4, max_staleness=0, base_port=65532)
+    run_config(momentum=0.0, compute_ms=0.0, eval_every=0, speeds=(1, 0.25, 1e6, 1.0))
+
+
+def test_json_round_trip_gives_an_equal_object():
+    cfg = RunConfig(nodes=3, task="consensus", steps=17, out="runs/x", speeds=(1.0, 0.5, 0.25), compute_ms=2.5,
+                    lr=0.1, momentum=0.0, gossip=GossipConfig(
+                        rank=2, world_size=3, mode="gossip-async", staleness_weight="exp", staleness_temperature=2.0,
+                        endpoints=("tcp://a:1", "tcp://b:2", "tcp://c:3"), chunk_mb=0.5, gossip_every=3))
+    again = RunConfig.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg
+    assert isinstance(again.speeds, tuple) and isinstance(again.gossip.endpoints, tuple)
+    assert RunConfig.from_dict(json.loads(RunConfig().to_json())) == RunConfig()
+
+
+def test_for_rank_sets_only_the_rank():
+    cfg = run_config(4, steps=9)
+    third = cfg.for_rank(2)
+    assert third.gossip.rank == 2 and cfg.gossip.rank == 0
+    assert dataclasses.replace(third, gossip=cfg.gossip) == cfg
+    with pytest.raises(ConfigError, match="outside 0..3"):
+        cfg.for_rank(4)
+
+
+def test_endpoint_from_host_and_base_port():
+    cfg = GossipConfig(world_size=4, host="10.0.0.7", base_port=31000)
+    assert [cfg.endpoint(r) for r in range(4)] == [f"tcp://10.0.0.7:{31000 + r}" for r in range(4)]
+
+
+def test_explicit_endpoints_win():
+    endpoints = ("tcp://h1:5000", "tcp://h2:6000")
+    cfg = GossipConfig(world_size=2, topology="full", endpoints=endpoints, base_port=31000)
+    assert [cfg.endpoint(r) for r in range(2)] == list(endpoints)
+
+
+@pytest.mark.parametrize("chunk_mb", [0.0625, 0.1, 1 / 3, 1.0, 8.0, 9.999, 64.0])
+def test_chunk_bytes_is_a_multiple_of_64(chunk_mb):
+    chunk_bytes = GossipConfig(chunk_mb=chunk_mb).chunk_bytes
+    assert chunk_bytes % 64 == 0 and 0 < chunk_bytes <= chunk_mb * (1 << 20) < chunk_bytes + 64
