@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from gossip.config import MODES, STALENESS_WEIGHTS, GossipConfig, RunConfig
 from gossip.errors import ConfigError, TaskError
+from launch.procs import START_METHODS
 
 PROG = "gossip-launch"
 RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -77,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help=f"{help_text} (default: {shown!s})" if name != "out" else help_text)
     parser.add_argument("--progress", choices=("auto", "live", "plain", "off"), default="auto",
                         help="live table on a terminal, periodic lines otherwise (default: auto)")
+    parser.add_argument("--start-method", choices=START_METHODS, default=START_METHODS[0],
+                        help="fork: peers forked from the launcher (fast start); exec: a fresh "
+                             f"'python -m gossip.peer' per peer (default: {START_METHODS[0]})")
     return parser
 
 
@@ -96,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         from launch.local import run_local  # imports torch; keep --help and flag errors fast
-        return run_local(cfg, progress=args.progress)
+        return run_local(cfg, progress=args.progress, start_method=args.start_method)
     except (ConfigError, TaskError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

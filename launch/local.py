@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 from gossip.config import RunConfig
 from gossip.errors import ConfigError
 from gossip.tasks import load_task
+from launch.procs import START_METHODS, start_peer, stop_all
 from launch.progress import Progress
 
 POLL_SECONDS = 0.25
@@ -56,16 +56,10 @@ def check_ports(cfg: RunConfig) -> None:
                                   f"choose another --base-port") from exc
 
 
-def spawn(cfg: RunConfig, out: Path) -> list[subprocess.Popen]:
-    env = {**os.environ, "GOSSIP_LAUNCHER_PID": str(os.getpid()), "OMP_NUM_THREADS": str(cfg.threads_per_peer),
+def spawn(cfg: RunConfig, out: Path, method: str) -> list:
+    env = {"GOSSIP_LAUNCHER_PID": str(os.getpid()), "OMP_NUM_THREADS": str(cfg.threads_per_peer),
            "PYTHONUNBUFFERED": "1"}
-    procs = []
-    for rank in range(cfg.nodes):
-        with open(out / f"peer-{rank}.log", "wb") as log_file:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "gossip.peer", str(out / "config.json"), "--rank", str(rank)],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True))
+    procs = [start_peer(method, rank, out / "config.json", out / f"peer-{rank}.log", env) for rank in range(cfg.nodes)]
     peers = [{"rank": r, "pid": p.pid, "endpoint": cfg.gossip.endpoint(r)} for r, p in enumerate(procs)]
     (out / "peers.json").write_text(json.dumps(peers, indent=2))
     return procs
@@ -79,21 +73,7 @@ def last_error_line(log_path: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def stop_all(procs: list[subprocess.Popen], grace: float) -> None:
-    """SIGTERM every live peer, wait up to ``grace`` seconds, SIGKILL the rest; only our own children."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def watch(procs: list[subprocess.Popen], progress: Progress, out: Path) -> str | None:
+def watch(procs: list, progress: Progress, out: Path) -> str | None:
     """Wait for every peer; returns None on success, else the failure to report."""
     while True:
         progress.update()
@@ -108,7 +88,7 @@ def watch(procs: list[subprocess.Popen], progress: Progress, out: Path) -> str |
         time.sleep(POLL_SECONDS)
 
 
-def run_local(cfg: RunConfig, progress: str = "auto") -> int:
+def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_METHODS[0]) -> int:
     load_task(cfg.task)  # an unknown task fails here, in one line, not in N peers
     check_ports(cfg)
     out = prepare_out(cfg)
@@ -117,10 +97,10 @@ def run_local(cfg: RunConfig, progress: str = "auto") -> int:
         raise Interrupted(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    procs: list[subprocess.Popen] = []
+    procs: list = []
     started = time.time()
     try:
-        procs = spawn(cfg, out)
+        procs = spawn(cfg, out, start_method)
         with Progress(out, cfg.nodes, cfg.steps, progress) as display:
             failure = watch(procs, display, out)
     except Interrupted as exc:

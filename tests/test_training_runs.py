@@ -67,9 +67,11 @@ def test_a_failing_peer_is_named_and_the_run_fails(launch_run):
     assert "Traceback" not in run.stderr
 
 
-def test_ctrl_c_stops_every_peer_cleanly(tmp_path):
+@pytest.mark.parametrize("start_method", ["fork", "exec"])
+def test_ctrl_c_stops_every_peer_cleanly(tmp_path, start_method):
     out = tmp_path / "interrupted"
     command = [sys.executable, "-m", "launch", "--nodes", "3", "--out", str(out), "--progress", "plain",
+               "--start-method", start_method,
                "--base-port", str(free_base_port(3)), "--task", "tests.tasks:slow_digits", "--steps", "100000"]
     launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
