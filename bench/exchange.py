@@ -7,7 +7,7 @@ Three implementations of the same round, measured in the same run on the same ma
 - ``pyzmq``: a plain pyzmq exchange of the same bytes as one zero-copy frame (DEALER -> ROUTER), then the
   same mix.
 - ``gloo``: ``torch.distributed`` with the gloo backend, isend/irecv with both neighbours into
-  preallocated buffers, then the same mix.
+  preallocated buffers, then the same mix; ``gloo-exchange`` is the same without the mix.
 
 Every peer is its own process with one torch thread. Reported: seconds per round (the slowest peer's
 mean over the timed rounds, after warm-up rounds), and the ratio to gloo.
@@ -87,7 +87,7 @@ def run_pyzmq(rank: int, numel: int, rounds: int, warmup: int, port: int) -> flo
     return elapsed
 
 
-def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
+def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int, mixing: bool = True) -> float:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port + WORLD}", rank=rank, world_size=WORLD)
@@ -100,7 +100,8 @@ def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int) -> floa
                dist.P2POp(dist.irecv, inbox[0], left), dist.P2POp(dist.irecv, inbox[1], right)]
         for request in dist.batch_isend_irecv(ops):
             request.wait()
-        mix(x, *inbox)
+        if mixing:
+            mix(x, *inbox)
 
     for _ in range(warmup):
         one_round()
@@ -114,7 +115,11 @@ def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int) -> floa
     return elapsed
 
 
-RUNNERS = {"gossip": run_gossip, "pyzmq": run_pyzmq, "gloo": run_gloo}
+def run_gloo_exchange(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
+    return run_gloo(rank, numel, rounds, warmup, port, mixing=False)
+
+
+RUNNERS = {"gossip": run_gossip, "pyzmq": run_pyzmq, "gloo": run_gloo, "gloo-exchange": run_gloo_exchange}
 
 
 def _peer(variant: str, rank: int, numel: int, rounds: int, warmup: int, port: int, results: mp.Queue) -> None:
@@ -159,28 +164,32 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,16,100", help="model sizes in MiB, comma-separated")
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds (default: by size)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant and size; the median is kept")
+    parser.add_argument("--variants", default=",".join(RUNNERS), help="which of " + ", ".join(RUNNERS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "exchange.json")
     args = parser.parse_args()
     rows = []
     for size in (float(s) for s in args.sizes.split(",")):
         rounds = args.rounds or max(10, int(400 / size))
         row = {"size_mb": size, "rounds": rounds}
-        for variant in RUNNERS:
+        for variant in args.variants.split(","):
             samples = sorted(measure(variant, size, rounds, warmup=3) for _ in range(args.repeats))
             row[variant] = samples[len(samples) // 2]
             row[f"{variant}_all"] = samples
         rows.append(row)
-        print(f"{size:6.0f} MiB  gossip {row['gossip']:.4f} s  pyzmq {row['pyzmq']:.4f} s  gloo {row['gloo']:.4f} s  "
-              f"gossip/gloo {row['gossip'] / row['gloo']:.2f}  pyzmq/gloo {row['pyzmq'] / row['gloo']:.2f}", flush=True)
+        print(f"{size:6.0f} MiB  " + "  ".join(f"{v} {row[v]:.4f} s" for v in RUNNERS if v in row), flush=True)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "torch": torch.__version__}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
-    print("\n| model | gossip (s/round) | plain pyzmq, one frame | gloo send/recv | gossip / gloo | pyzmq / gloo |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    if set(RUNNERS) - set(rows[0]):
+        return
+    print("\n| model | gossip round | pyzmq, one frame + mix | gloo + mix | gloo exchange only "
+          "| gossip / gloo+mix | gossip / gloo exchange | pyzmq / gloo+mix |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
-        print(f"| {row['size_mb']:.0f} MiB | {row['gossip']:.4f} | {row['pyzmq']:.4f} | {row['gloo']:.4f} | "
-              f"{row['gossip'] / row['gloo']:.2f} | {row['pyzmq'] / row['gloo']:.2f} |")
+        print(f"| {row['size_mb']:.0f} MiB | {row['gossip']:.4f} s | {row['pyzmq']:.4f} s | {row['gloo']:.4f} s | "
+              f"{row['gloo-exchange']:.4f} s | {row['gossip'] / row['gloo']:.2f} | "
+              f"{row['gossip'] / row['gloo-exchange']:.2f} | {row['pyzmq'] / row['gloo']:.2f} |")
 
 
 if __name__ == "__main__":

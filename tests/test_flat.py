@@ -147,7 +147,7 @@ def joined(flat: FlatParams, chunks: list[torch.Tensor], segment: int) -> torch.
     return torch.cat([c for c, (s, _, _) in zip(chunks, flat.plan) if s == segment])
 
 
-def test_add_mul_copy_do_what_they_say():
+def test_add_and_copy_do_what_they_say():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(20, 10), nn.Linear(10, 3).double())
     flat = FlatParams(model, CHUNK)
@@ -158,15 +158,28 @@ def test_add_mul_copy_do_what_they_say():
     for i in range(2):
         torch.testing.assert_close(flat.segments[i], before[i] + 0.3 * joined(flat, chunks, i))
 
-    after_add = [s.clone() for s in flat.segments]
-    flat.mul_(0.5)
-    for i in range(2):
-        torch.testing.assert_close(flat.segments[i], after_add[i] * 0.5)
-
     flat.copy_(chunks)
     for i in range(2):
         assert torch.equal(flat.segments[i], joined(flat, chunks, i))
     assert torch.equal(model[1].bias, joined(flat, chunks, 1)[-3:])  # the model sees it: bias is last
+
+
+@pytest.mark.parametrize("block_bytes", [8, 64, 1 << 20])
+def test_combine_adds_every_term_and_snapshots_the_result(monkeypatch, block_bytes):
+    monkeypatch.setattr("gossip.flat.MIX_BLOCK_BYTES", block_bytes)  # blocks that split frames unevenly
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 10), nn.Linear(10, 3).double())
+    flat = FlatParams(model, CHUNK)
+    before = [s.clone() for s in flat.segments]
+    a, b = plan_chunks(flat, seed=1), plan_chunks(flat, seed=2)
+    # the async form: x <- 0.5 x + 0.3 a + 0.2 b, with x itself as a term
+    copies = flat.combine_([(-0.5, list(flat.views())), (0.3, a), (0.2, b)], snapshot=True)
+    for i in range(2):
+        expected = 0.5 * before[i] + 0.3 * joined(flat, a, i) + 0.2 * joined(flat, b, i)
+        torch.testing.assert_close(flat.segments[i], expected)
+        assert torch.equal(joined(flat, copies, i), flat.segments[i])
+    assert all(c.data_ptr() != v.data_ptr() for c, v in zip(copies, flat.views()))
+    assert flat.combine_([(1.0, a)]) is None
 
 
 def fingerprint(model: nn.Module) -> str:

@@ -30,11 +30,13 @@ class AsyncGossip(Averager):
         return LatestMailbox(self.rank, self.config.world_size, self.flat.layout, expects)
 
     def _gossip(self) -> None:
-        self._mix_latest()
+        snapshot = self._mix_latest()
         self.rounds += 1
-        self._send_snapshot(self.rounds, latest_only=True)
+        self._send_snapshot(self.rounds, latest_only=True, snapshot=snapshot)
 
-    def _mix_latest(self) -> None:
+    def _mix_latest(self) -> list | None:
+        """Mix in the held snapshots; returns the copy of the result taken while mixing (None if nothing
+        was mixed, and the caller snapshots itself)."""
         held = self.mailbox.latest()
         neighbours = {}
         for sender, received in held.items():
@@ -46,12 +48,14 @@ class AsyncGossip(Averager):
                                          cfg.staleness_temperature, cfg.max_staleness)
         self.ignored_stale += len(neighbours) - len(coefs)
         if not coefs:
-            return
+            return None
+        # x <- a x + sum_j c_j s_j, written as x += (a - 1) x + sum_j c_j s_j so it runs as one fused pass
+        terms = [(self_coef - 1.0, list(self.flat.views()))]
+        terms += [(coef, held[sender].message.chunks) for sender, coef in coefs.items()]
+        for sender in coefs:
+            self.staleness[neighbours[sender][1]] += 1
         with self._timed_mix():
-            self.flat.mul_(self_coef)
-            for sender, coef in coefs.items():
-                self.flat.add_(held[sender].message.chunks, alpha=coef)
-                self.staleness[neighbours[sender][1]] += 1
+            return self.flat.combine_(terms, snapshot=True)
 
     def statistics(self) -> dict:
         return {**super().statistics(), "staleness": dict(sorted(self.staleness.items())),

@@ -102,9 +102,10 @@ class Averager(ABC):
                 **self.transport.statistics()}
 
     # -- shared helpers --------------------------------------------------------------------------------
-    def _send_snapshot(self, round: int, *, latest_only: bool) -> list:
-        """Copy the weights once and queue them for this round's out-neighbours; returns the copy."""
-        snapshot = self.flat.snapshot()
+    def _send_snapshot(self, round: int, *, latest_only: bool, snapshot: list | None = None) -> list:
+        """Queue a copy of the weights (``snapshot``, or one taken now) for this round's out-neighbours;
+        returns the copy."""
+        snapshot = snapshot if snapshot is not None else self.flat.snapshot()
         header = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
                                step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second)
         frames = encode(header, snapshot)

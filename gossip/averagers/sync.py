@@ -28,21 +28,27 @@ class SyncGossip(Averager):
                             window=max(2, self.config.world_size))
 
     def _gossip(self) -> None:
-        self._finish()
+        snapshot = self._complete_round(take_snapshot=True)
         round = self.rounds
-        self._pending = (round, self._send_snapshot(round, latest_only=False))
+        self._pending = (round, self._send_snapshot(round, latest_only=False, snapshot=snapshot))
 
     def _finish(self) -> None:
+        self._complete_round(take_snapshot=False)
+
+    def _complete_round(self, take_snapshot: bool) -> list[torch.Tensor] | None:
+        """Wait for the pending round's messages and mix them in; optionally return the next snapshot,
+        copied while the mixed weights are still in cache."""
         if self._pending is None:
-            return
+            return None
         round, own = self._pending
         self._pending = None
         senders = self.topology.in_neighbors(self.rank, round)
         with self._timed_wait():
             messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
         row = self.topology.mixing_matrix(round)[self.rank]
+        terms = [(-float(sum(row[j] for j in senders)), own)]
+        terms += [(float(row[sender]), message.chunks) for sender, message in messages.items()]
         with self._timed_mix():
-            self.flat.add_(own, alpha=-float(sum(row[j] for j in senders)))
-            for sender, message in messages.items():
-                self.flat.add_(message.chunks, alpha=float(row[sender]))
+            snapshot = self.flat.combine_(terms, snapshot=take_snapshot)
         self.rounds = round + 1
+        return snapshot
