@@ -85,27 +85,28 @@ class Transport:
         self._receiver = asyncio.get_running_loop().create_task(self._receive_forever(router))
         self._receiver.add_done_callback(self._note_failure)
 
-    def close(self, flush: bool = True) -> None:
-        """Close every socket and stop the loop; with ``flush``, first deliver what is queued (bounded by
-        ``shutdown_timeout``), without it drop it (after an error or a signal)."""
+    def close(self, flush_timeout: float | None = None) -> None:
+        """Close every socket and stop the loop. First deliver what is queued for up to ``flush_timeout``
+        seconds (default ``shutdown_timeout``; 0 drops it, after an error or a signal)."""
+        flush_timeout = self._shutdown_timeout if flush_timeout is None else flush_timeout
         if self._context is None:
             self._thread.stop(self._shutdown_timeout)
             return
         try:
-            self._thread.run(self._close(flush), self._shutdown_timeout + 5, "closing the sockets")
+            self._thread.run(self._close(flush_timeout), flush_timeout + 5, "closing the sockets")
         except PeerTimeout:
-            log.warning("peer %d: sockets did not close within %.0f s", self.rank, self._shutdown_timeout + 5)
+            log.warning("peer %d: sockets did not close within %.0f s", self.rank, flush_timeout + 5)
         self._thread.stop(self._shutdown_timeout)
 
-    async def _close(self, flush: bool) -> None:
-        linger = int(self._shutdown_timeout * 1000) if flush else 0
+    async def _close(self, flush_timeout: float) -> None:
+        linger = int(flush_timeout * 1000)
         try:
-            if flush:
-                await asyncio.wait_for(self._drain(), self._shutdown_timeout)
+            if flush_timeout > 0:
+                await asyncio.wait_for(self._drain(), flush_timeout)
         except asyncio.TimeoutError:
             linger = 0
             log.warning("peer %d: %d queued messages were not sent within %.0f s", self.rank,
-                        sum(o.queue.qsize() for o in self._outboxes.values()), self._shutdown_timeout)
+                        sum(o.queue.qsize() for o in self._outboxes.values()), flush_timeout)
         if self._receiver is not None:
             self._receiver.cancel()
         for outbox in self._outboxes.values():

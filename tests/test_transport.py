@@ -149,24 +149,22 @@ def test_a_silent_neighbour_times_out_with_its_rank_named():
 
 
 def test_async_gossip_never_waits_for_a_dead_neighbour():
+    """Peer 1 starts, mixes once and leaves at once (its hello must still get through); peer 0 keeps
+    stepping without ever waiting, and ages peer 1's last snapshot out."""
     eps = endpoints(2)
-    model = vector_model(torch.ones(8))
-    helper = vector_model(torch.zeros(8))
-    done = threading.Event()
+    models = [vector_model(torch.ones(8)), vector_model(torch.zeros(8))]
+    options = dict(world_size=2, endpoints=tuple(eps), mode="gossip-async", max_staleness=3, startup_timeout=20)
 
-    def neighbour() -> None:
-        with gossip.attach(helper, rank=1, world_size=2, endpoints=tuple(eps), mode="gossip-async") as averager:
+    def peer(rank: int):
+        averager = gossip.attach(models[rank], rank=rank, **options)
+        steps = 1 if rank == 1 else 50
+        for _ in range(steps):
             averager.step()
-        done.set()  # and gone: rank 0 keeps stepping against a closed socket
+            if rank == 0 and averager.local_step == 1:
+                time.sleep(1.5)  # let peer 1 finish and close
+        averager.close()
+        return averager.statistics()
 
-    thread = threading.Thread(target=neighbour, daemon=True)
-    thread.start()
-    averager = gossip.attach(model, rank=0, world_size=2, endpoints=tuple(eps), mode="gossip-async",
-                             max_staleness=3)
-    assert done.wait(20)
-    for _ in range(50):
-        averager.step()
-    averager.close()
-    stats = averager.statistics()
+    stats = run_peers(2, peer)[0]
     assert stats["step"] == 50 and stats["wait_seconds"] == 0.0
     assert stats["ignored_stale"] > 0  # its last snapshot aged past max_staleness and was left out

@@ -17,7 +17,10 @@ from gossip.mixing import stale_weights
 
 
 class AsyncGossip(Averager):
-    flush_on_close = False  # a neighbour that already finished would hold our last snapshot forever
+    def _close_flush_seconds(self) -> float:
+        # Snapshots are best effort, and a neighbour that already finished would never take ours; but a
+        # hello or snapshot to a neighbour still connecting deserves a moment.
+        return min(1.0, self.config.shutdown_timeout)
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.staleness: Counter[int] = Counter()  # tau of every snapshot mixed

@@ -55,7 +55,9 @@ class Averager(ABC):
     def _finish(self) -> None:
         """Complete whatever is in flight before the sockets close (sync: the last round)."""
 
-    flush_on_close = True  # deliver queued messages before closing (async snapshots are best effort)
+    def _close_flush_seconds(self) -> float:
+        """How long close() may spend delivering what is queued: the final sync round must arrive."""
+        return self.config.shutdown_timeout
 
     # -- public ----------------------------------------------------------------------------------------
     def start(self) -> Averager:
@@ -87,7 +89,7 @@ class Averager(ABC):
             if finish and self.config.world_size > 1:
                 self._finish()
         finally:
-            self.transport.close(flush=finish and self.flush_on_close)
+            self.transport.close(flush_timeout=self._close_flush_seconds() if finish else 0.0)
 
     def __enter__(self) -> Averager:
         return self
