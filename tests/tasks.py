@@ -14,7 +14,7 @@ from gossip.tasks.digits import make_task as make_digits
 def rank_value(ctx: TaskContext) -> Task:
     """No training; peer r's vector starts filled with the value r."""
     model = Vector(torch.full((ctx.dim,), float(ctx.rank), dtype=torch.float64))
-    return Task(model, train_step=lambda: 0.0, evaluate=lambda: {}, trains=False)
+    return Task(model, loss=lambda: torch.zeros(()), evaluate=lambda: {})
 
 
 def fails_on_rank_2(ctx: TaskContext) -> Task:
@@ -23,27 +23,27 @@ def fails_on_rank_2(ctx: TaskContext) -> Task:
     if ctx.rank != 2:
         return task
     steps = 0
-    inner = task.train_step
+    inner = task.loss
 
-    def train_step() -> float:
+    def loss() -> torch.Tensor:
         nonlocal steps
         steps += 1
         if steps == 5:
             raise RuntimeError("simulated failure in peer 2's training step")
         return inner()
 
-    task.train_step = train_step
+    task.loss = loss
     return task
 
 
 def slow_digits(ctx: TaskContext) -> Task:
     """Digits that sleep 20 ms a step, so a run lasts long enough to be interrupted."""
     task = make_digits(ctx)
-    inner = task.train_step
+    inner = task.loss
 
-    def train_step() -> float:
+    def loss() -> torch.Tensor:
         time.sleep(0.02)
         return inner()
 
-    task.train_step = train_step
+    task.loss = loss
     return task

@@ -6,21 +6,23 @@ and train on the peer's own shard (use ``ctx.rank`` and ``ctx.world_size``)::
 
     def make_task(ctx: TaskContext) -> Task:
         model = MyNet()                                   # same initial weights on every peer
-        opt = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
+        optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
         batches = my_shard_batches(ctx.rank, ctx.world_size, ctx.batch_size, seed=ctx.seed)
-        def train_step() -> float:                        # one local step; returns the loss
+
+        def loss() -> torch.Tensor:                       # forward pass on this peer's next batch
             x, y = next(batches)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.item()
+            return F.cross_entropy(model(x), y)
+
         def evaluate() -> dict[str, float]:               # held-out metrics of the model as it is now
             ...
             return {"accuracy": acc, "loss": test_loss}
-        return Task(model, train_step, evaluate, samples_per_step=ctx.batch_size)
 
+        return Task(model, loss, evaluate, optimizer, samples_per_step=ctx.batch_size)
+
+The peer runs each step as ``optimizer.zero_grad(); loss().backward(); optimizer.step()``, except in the
+parameter-server modes that send gradients, where the server applies them instead of ``optimizer.step()``.
 ``evaluate`` may return any floats; ``accuracy`` and ``loss`` are shown in the summary when present.
+A task without an optimizer does not train: its peers only mix (like ``consensus``).
 """
 
 from __future__ import annotations
@@ -50,10 +52,29 @@ class TaskContext:
 @dataclass
 class Task:
     model: nn.Module
-    train_step: Callable[[], float]
+    loss: Callable[[], torch.Tensor]
     evaluate: Callable[[], dict[str, float]]
+    optimizer: torch.optim.Optimizer | None = None
     samples_per_step: int = 0
-    trains: bool = True  # False for tasks that only mix (consensus)
+
+    @property
+    def trains(self) -> bool:
+        return self.optimizer is not None
+
+    def compute_gradients(self) -> float:
+        """Forward and backward on the next batch; returns the loss. Gradients land in ``.grad``."""
+        self.optimizer.zero_grad()
+        loss = self.loss()
+        loss.backward()
+        return loss.item()
+
+    def train_step(self) -> float:
+        """One local step: gradients, then the optimizer; returns the loss (0 for tasks that only mix)."""
+        if not self.trains:
+            return 0.0
+        loss = self.compute_gradients()
+        self.optimizer.step()
+        return loss
 
 
 BUILTIN = {"digits": "gossip.tasks.digits:make_task", "consensus": "gossip.tasks.consensus:make_task"}

@@ -23,4 +23,4 @@ def initial_vector(rank: int, dim: int, seed: int) -> torch.Tensor:
 
 def make_task(ctx: TaskContext) -> Task:
     model = Vector(initial_vector(ctx.rank, ctx.dim, ctx.seed))
-    return Task(model, train_step=lambda: 0.0, evaluate=lambda: {}, samples_per_step=0, trains=False)
+    return Task(model, loss=lambda: torch.zeros(()), evaluate=lambda: {})

@@ -88,13 +88,9 @@ def make_task(ctx: TaskContext) -> Task:
     optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
     stream = batches(x.to(ctx.device), y.to(ctx.device), ctx.batch_size, ctx.seed * 1000 + ctx.rank)
 
-    def train_step() -> float:
+    def loss() -> torch.Tensor:
         inputs, targets = next(stream)
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+        return F.cross_entropy(model(inputs), targets)
 
-    return Task(model, train_step, evaluator(model, x_test.to(ctx.device), y_test.to(ctx.device)),
+    return Task(model, loss, evaluator(model, x_test.to(ctx.device), y_test.to(ctx.device)), optimizer,
                 samples_per_step=ctx.batch_size)
