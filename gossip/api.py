@@ -15,20 +15,28 @@ from typing import Any
 from torch import nn
 
 from gossip.averagers import AVERAGERS, Averager
-from gossip.config import GossipConfig, build_topology
+from gossip.config import CoordinatorConfig, GossipConfig, build_topology
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
 
 
-def attach(model: nn.Module, config: GossipConfig | None = None, **overrides: Any) -> Averager:
-    """Flatten ``model``'s parameters, open the sockets and wait for the first neighbours.
+def attach(model: nn.Module, config: GossipConfig | None = None, coordinator: CoordinatorConfig | None = None,
+           **overrides: Any) -> Averager:
+    """Flatten ``model``'s parameters, open the sockets and wait for the first neighbours (or, in the
+    parameter-server modes, for the server's weights).
 
-    Keyword arguments override fields of ``config`` (see ``GossipConfig`` for every option and default).
+    Keyword arguments override fields of ``config`` (see ``GossipConfig`` for every option and default);
+    ``coordinator`` holds the parameter-server settings. In the ps-* modes that send gradients
+    (``averager.sends_gradients``), call ``averager.step()`` instead of ``optimizer.step()``.
     """
     try:
         config = dataclasses.replace(config or GossipConfig(), **overrides)
     except TypeError as exc:
         raise ConfigError(f"{exc}; see gossip.GossipConfig for the options") from exc
+    flat = FlatParams(model, config.chunk_bytes)
+    if config.parameter_server:
+        from gossip.coordinator.worker import PSWorker
+
+        return PSWorker(flat, config, coordinator or CoordinatorConfig()).start()
     topology = build_topology(config.topology, config.world_size) if config.world_size > 1 else None
-    averager = AVERAGERS[config.mode](FlatParams(model, config.chunk_bytes), config, topology)
-    return averager.start()
+    return AVERAGERS[config.mode](flat, config, topology).start()

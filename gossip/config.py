@@ -18,7 +18,8 @@ import topologies
 from gossip.errors import ConfigError
 
 GOSSIP_MODES = ("gossip-sync", "gossip-async")
-MODES = GOSSIP_MODES
+PS_MODES = ("ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")  # a parameter server and N workers
+MODES = GOSSIP_MODES + PS_MODES
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
 MiB = 1 << 20
 DEFAULT_NODES = 4
@@ -35,6 +36,7 @@ class GossipConfig:
     host: str = "127.0.0.1"
     base_port: int = 47000
     endpoints: tuple[str, ...] = ()  # one per rank; empty means tcp://host:(base_port + rank)
+    server_endpoint: str = ""  # ps-* modes; empty means tcp://host:(base_port + world_size)
     gossip_every: int = 1  # local steps between two mixes
     staleness_weight: str = "none"  # f(tau): none = 1, inverse = 1/(1+tau), exp = exp(-tau/T)
     staleness_temperature: float = 4.0  # T of the exp weighting, in steps
@@ -62,25 +64,63 @@ class GossipConfig:
         _check_int(self, "gossip_every", minimum=1)
         _check_int(self, "max_staleness", minimum=0)
         _check_int(self, "queue_depth", minimum=1)
-        _check_int(self, "base_port", minimum=1, maximum=65535 - self.world_size + 1)
+        _check_int(self, "base_port", minimum=1, maximum=65535 - self.world_size)
         _check_positive(self, "staleness_temperature", "round_timeout", "startup_timeout", "send_timeout",
                         "shutdown_timeout")
         if not (_is_real(self.chunk_mb) and 0.0625 <= self.chunk_mb <= 64):
             raise ConfigError(f"--chunk-mb {self.chunk_mb} is out of range; use a value in 0.0625..64 (8 is good)")
         if self.endpoints and len(self.endpoints) != self.world_size:
             raise ConfigError(f"{len(self.endpoints)} endpoints given for {self.world_size} peers; give one per peer")
-        if self.world_size > 1:
+        if self.world_size > 1 and not self.parameter_server:
             build_topology(self.topology, self.world_size)  # a bad spec fails here, before any socket opens
 
     @property
     def chunk_bytes(self) -> int:
         return int(self.chunk_mb * MiB) // 64 * 64  # a multiple of every element size
 
+    @property
+    def parameter_server(self) -> bool:
+        return self.mode in PS_MODES
+
+    @property
+    def server_rank(self) -> int:
+        """The server takes the rank after the last worker's, so one list of endpoints names everyone."""
+        return self.world_size
+
     def endpoint(self, rank: int) -> str:
-        """The ZeroMQ endpoint on which peer ``rank`` receives."""
-        if self.endpoints:
+        """The ZeroMQ endpoint on which peer ``rank`` (or the server, ``server_rank``) receives."""
+        if rank == self.server_rank and self.server_endpoint:
+            return self.server_endpoint
+        if self.endpoints and rank < self.world_size:
             return self.endpoints[rank]
         return f"tcp://{self.host}:{self.base_port + rank}"
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """The parameter-server modes: what workers send and what the server does with it (DESIGN section 4)."""
+
+    local_steps: int = 10  # ps-avg: local steps between two averagings (seed 001: 10-20 still works)
+    staleness_lr: bool = False  # scale each gradient's learning rate by 1 / max(1, staleness)
+    soft_sync: int = 1  # apply the mean once this many gradients from any workers arrived (1: on arrival)
+    staleness_bound: int = 3  # ps-ssp: a worker more than this many steps ahead of the slowest waits
+    dc_lambda: float = 0.04  # ps-dcasgd: lambda of the compensation term (lambda0 with --dc-adaptive)
+    dc_adaptive: bool = False  # DC-ASGD-a: lambda_t = lambda0 / sqrt(mean square of g + epsilon)
+    dc_momentum: float = 0.95  # DC-ASGD-a: m in MS <- m MS + (1 - m) g*g
+    dc_epsilon: float = 1e-7  # DC-ASGD-a: epsilon under the square root
+
+    def __post_init__(self) -> None:
+        _check_int(self, "local_steps", minimum=1)
+        _check_int(self, "soft_sync", minimum=1)
+        _check_int(self, "staleness_bound", minimum=0)
+        for name in ("staleness_lr", "dc_adaptive"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{_flag(name)} is a switch (true or false), got {getattr(self, name)!r}")
+        if not (_is_real(self.dc_lambda) and math.isfinite(self.dc_lambda) and self.dc_lambda >= 0):
+            raise ConfigError(f"--dc-lambda must be a number >= 0 (0 makes DC-ASGD plain ASGD), got {self.dc_lambda!r}")
+        if not (_is_real(self.dc_momentum) and 0 <= self.dc_momentum < 1):
+            raise ConfigError(f"--dc-momentum must be in [0, 1), got {self.dc_momentum!r}")
+        _check_positive(self, "dc_epsilon")
 
 
 @dataclass(frozen=True)
@@ -103,6 +143,7 @@ class RunConfig:
     trace_coords: int = 65536  # coordinates sampled per peer for the consensus-distance trace
     # sized like the default run, so that RunConfig() is valid; other sizes pass their own GossipConfig
     gossip: GossipConfig = field(default_factory=lambda: GossipConfig(world_size=DEFAULT_NODES))
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
 
     def __post_init__(self) -> None:
         _check_int(self, "nodes", minimum=1)
@@ -129,6 +170,9 @@ class RunConfig:
                 raise ConfigError(f"--speeds must be positive numbers (1 = full speed, 0.25 = 4x slower); got {bad[0]}")
         if self.gossip.world_size != self.nodes:
             raise ConfigError(f"gossip.world_size {self.gossip.world_size} differs from nodes {self.nodes}")
+        if self.coordinator.soft_sync > self.nodes:
+            raise ConfigError(f"--soft-sync {self.coordinator.soft_sync} exceeds the {self.nodes} workers; "
+                              f"use 1..{self.nodes} (1 applies every gradient on arrival)")
 
     def speed(self, rank: int) -> float:
         return self.speeds[rank] if self.speeds else 1.0
@@ -145,7 +189,8 @@ class RunConfig:
         gossip_data = dict(data.pop("gossip", {}))
         gossip_data["endpoints"] = tuple(gossip_data.get("endpoints", ()))
         data["speeds"] = tuple(data.get("speeds", ()))
-        return cls(**data, gossip=GossipConfig(**gossip_data))
+        coordinator = CoordinatorConfig(**data.pop("coordinator", {}))
+        return cls(**data, gossip=GossipConfig(**gossip_data), coordinator=coordinator)
 
 
 def build_topology(spec: str, world_size: int) -> topologies.Topology:

@@ -4,6 +4,7 @@
     ├── ConfigError (also a topologies.ConfigError, hence a ValueError)  bad flags, specs, config values
     ├── ProtocolError                                                      a malformed or hostile message
     ├── TaskError                                                          a task that cannot be built or run
+    ├── Stopped                                                            SIGINT or SIGTERM asked us to stop
     └── TransportError                                                     the network failed us
         ├── PeerTimeout                                                    a named wait ran out
         └── PeerUnreachable                                                a socket could not bind/connect/send
@@ -15,6 +16,8 @@ which this ``ConfigError`` subclasses, so ``except topologies.ConfigError`` catc
 """
 
 from __future__ import annotations
+
+import signal
 
 import topologies
 
@@ -29,6 +32,14 @@ class ConfigError(GossipError, topologies.ConfigError):
 
 class TaskError(GossipError):
     """A task (built-in or ``package.module:function``) could not be loaded or run."""
+
+
+class Stopped(GossipError):
+    """SIGINT or SIGTERM arrived; ``signum`` gives the exit status 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 class ProtocolError(GossipError):

@@ -35,6 +35,7 @@ class FlatParams:
         if len({device for _, device in groups}) > 1:
             raise ConfigError("the model's tensors live on several devices; move the model to one device first")
         self.segments: list[torch.Tensor] = []
+        self.places: list[Place] = []  # where each tensor lives in the segments, in layout order
         views: dict[int, torch.Tensor] = {}  # id of the original tensor -> its view in the flat segment
         for (dtype, device), members in groups.items():
             flat = torch.empty(sum(t.numel() for *_, t in members), dtype=dtype, device=device)
@@ -44,6 +45,7 @@ class FlatParams:
                 view.copy_(tensor.detach())
                 _repoint(module, attr, view)
                 views[id(tensor)] = view
+                self.places.append(Place(len(self.segments), offset, offset + tensor.numel(), module, attr))
                 offset += tensor.numel()
             self.segments.append(flat)
         for module, attr, tensor in aliases:
@@ -54,6 +56,40 @@ class FlatParams:
             [(name, tuple(t.shape), _DTYPE_NAMES[t.dtype]) for name, _, _, t in entries],
             [_DTYPE_NAMES[s.dtype] for s in self.segments], [s.numel() for s in self.segments], chunk_bytes)
         self.plan = self.layout.frame_plan(chunk_bytes)
+
+    @property
+    def parameters(self) -> list[Place]:
+        return [place for place in self.places if place.is_parameter]
+
+    @property
+    def buffers(self) -> list[Place]:
+        return [place for place in self.places if not place.is_parameter]
+
+    def gradient_snapshot(self) -> list[torch.Tensor]:
+        """The parameters' gradients (zeros where a parameter has none) and the buffers' current values,
+        cut like ``snapshot()``. It is written into one buffer reused by every call: send it before the
+        next call (the parameter-server worker waits for the server's reply, so it always has)."""
+        if not hasattr(self, "_gradients"):
+            self._gradients = [torch.empty_like(s, device="cpu", pin_memory=self.device.type == "cuda")
+                               for s in self.segments]
+        for place in self.places:
+            target = self._gradients[place.segment][place.start:place.stop]
+            source = place.tensor.grad if place.is_parameter else place.tensor
+            if source is None:
+                target.zero_()
+            else:
+                target.copy_(source.detach().reshape(-1), non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return [self._gradients[segment][start:stop] for segment, start, stop in self.plan]
+
+    def point_gradients_into(self) -> list[torch.Tensor]:
+        """Give every parameter a ``.grad`` that is a view into new flat segments, returned cut like
+        ``snapshot()``: writing a flat gradient there is what an optimizer then steps with."""
+        flat = [torch.zeros_like(s) for s in self.segments]
+        for place in self.parameters:
+            place.tensor.grad = flat[place.segment][place.start:place.stop].view_as(place.tensor)
+        return [flat[segment][start:stop] for segment, start, stop in self.plan]
 
     @property
     def numel(self) -> int:
@@ -112,6 +148,19 @@ class FlatParams:
     def copy_(self, chunks: list[torch.Tensor]) -> None:
         for view, chunk in zip(self.views(), chunks, strict=True):
             view.copy_(chunk)
+
+
+class Place:
+    """Where one parameter or buffer lives: ``segments[segment][start:stop]``."""
+
+    def __init__(self, segment: int, start: int, stop: int, module: nn.Module, attr: str) -> None:
+        self.segment, self.start, self.stop = segment, start, stop
+        self.module, self.attr = module, attr
+        self.is_parameter = attr in module._parameters
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        return self.module._parameters[self.attr] if self.is_parameter else self.module._buffers[self.attr]
 
 
 def _averaged_tensors(model: nn.Module) -> tuple[list[tuple[str, nn.Module, str, torch.Tensor]],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,13 @@ class Received:
 
 
 class Mailbox:
-    """Shared part: decoding, sender checks, hellos, and the condition the training thread waits on."""
+    """Shared part: decoding, sender checks, hellos, and the condition the training thread waits on.
+
+    ``world_size`` counts every rank that may send (workers and the server in the parameter-server modes);
+    ``accepts`` names the message kinds this mailbox files; any other kind is dropped.
+    """
+
+    accepts: frozenset[str] = frozenset({"hello", "params"})
 
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
         self.rank = rank
@@ -46,14 +53,16 @@ class Mailbox:
             raise ProtocolError("sender-mismatch", f"connection {identity[:16]!r} claims to be peer {sender}")
         if sender == self.rank:
             raise ProtocolError("sender", f"a message claims to come from ourselves (peer {sender})")
+        if message.header.kind not in self.accepts:
+            raise ProtocolError("kind", f"a {message.header.kind} message from peer {sender} has no place here")
         with self._cond:
             if message.header.kind == "hello":
                 self._hellos.add(sender)
-            else:
-                self._file(message)
+            self._file(message)
             self._cond.notify_all()
 
     def _file(self, message: Message) -> None:
+        """File a validated message other than a hello (called with the lock held)."""
         raise NotImplementedError
 
     def wait_hellos(self, senders: Iterable[int], timeout: float) -> None:
@@ -81,6 +90,8 @@ class RoundMailbox(Mailbox):
 
     def _file(self, message: Message) -> None:
         header = message.header
+        if header.kind == "hello":
+            return
         if header.round < self.current:
             raise ProtocolError("stale-round", f"round {header.round} from peer {header.sender} is over "
                                                f"(we are in round {self.current})")
@@ -121,6 +132,8 @@ class LatestMailbox(Mailbox):
 
     def _file(self, message: Message) -> None:
         header = message.header
+        if header.kind == "hello":
+            return
         held = self._latest.get(header.sender)
         if held is not None and header.step <= held.message.header.step:
             raise ProtocolError("replay", f"step {header.step} from peer {header.sender} is not newer than "
@@ -136,6 +149,58 @@ class LatestMailbox(Mailbox):
     def forget(self, sender: int) -> None:
         with self._cond:
             self._latest.pop(sender, None)
+
+
+class QueueMailbox(Mailbox):
+    """The parameter server's: every message (hellos included) in arrival order, for one consumer."""
+
+    accepts = frozenset({"hello", "grad", "params", "bye"})
+
+    def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects, capacity: int) -> None:
+        super().__init__(rank, world_size, layout, expects)
+        self.capacity = capacity
+        self._queue: deque[Message] = deque()
+
+    def _file(self, message: Message) -> None:
+        if not self.expects(message.header.sender, message.header.round):
+            raise ProtocolError("sender", f"peer {message.header.sender} is not a worker of this server")
+        if len(self._queue) >= self.capacity:  # a worker waits for its reply, so only a flood gets here
+            raise ProtocolError("flood", f"{len(self._queue)} messages already wait; dropped one from "
+                                         f"peer {message.header.sender}")
+        self._queue.append(message)
+
+    def get(self, timeout: float) -> Message | None:
+        """The next message, or None when none arrived within ``timeout`` seconds."""
+        self._wait(lambda: set() if self._queue else {-1}, timeout)
+        with self._cond:
+            return self._queue.popleft() if self._queue else None
+
+
+class ReplyMailbox(Mailbox):
+    """A parameter-server worker's: the newest weights the server sent."""
+
+    accepts = frozenset({"hello", "weights"})
+
+    def __init__(self, rank: int, world_size: int, layout: Layout, server: int) -> None:
+        super().__init__(rank, world_size, layout, lambda sender, round: sender == server)
+        self.server = server
+        self._weights: Message | None = None
+
+    def _file(self, message: Message) -> None:
+        if message.header.sender != self.server:
+            raise ProtocolError("sender", f"peer {message.header.sender} is not our server")
+        if message.header.kind == "weights":
+            self._weights = message
+
+    def wait_weights(self, timeout: float) -> Message:
+        """Take the newest weights, waiting up to ``timeout`` seconds for the server's next reply."""
+        missing = self._wait(lambda: set() if self._weights is not None else {self.server}, timeout)
+        if missing:
+            raise PeerTimeout(f"worker {self.rank} waited {timeout:g} s for the parameter server's weights "
+                              "(--round-timeout); is the server running?")
+        with self._cond:
+            message, self._weights = self._weights, None
+            return message
 
 
 def _ranks(ranks: Iterable[int]) -> str:

@@ -26,20 +26,12 @@ import torch
 from gossip.api import attach
 from gossip.averagers import Averager
 from gossip.config import RunConfig
-from gossip.errors import ConfigError, GossipError
+from gossip.errors import ConfigError, GossipError, Stopped
 from gossip.metrics import EventLog, finite_or_none
 from gossip.tasks import Task, TaskContext, build_task
 
 log = logging.getLogger("gossip.peer")
 MAX_TRACE_RECORDS = 200
-
-
-class Stopped(Exception):
-    """SIGINT or SIGTERM arrived; carries the signal number for the exit status."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 class Trace:
@@ -73,9 +65,9 @@ def run(cfg: RunConfig, out: Path) -> None:
     try:
         task = build_task(cfg.task, TaskContext(rank, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum,
                                                 cfg.batch_size, cfg.dim))
-        averager = attach(task.model, cfg.gossip)
+        averager = attach(task.model, cfg.gossip, coordinator=cfg.coordinator)
     except GossipError as exc:
-        events.write("error", message=str(exc))
+        events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc))
         raise
     started = time.time()
     events.write("ready", endpoint=cfg.gossip.endpoint(rank))
@@ -84,9 +76,8 @@ def run(cfg: RunConfig, out: Path) -> None:
     try:
         with averager:
             train(cfg, task, averager, trace, events)
-    except (GossipError, Stopped) as exc:
-        events.write("error" if isinstance(exc, GossipError) else "stopped", message=str(exc),
-                     **averager.statistics())
+    except GossipError as exc:
+        events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc), **averager.statistics())
         raise
     trace.record(averager.rounds) if averager.rounds not in trace.rounds else None
     metrics = task.evaluate()
@@ -101,7 +92,7 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
     emulated = cfg.compute_ms / 1000.0 / cfg.speed(averager.rank)
     for step in range(1, cfg.steps + 1):
         begin = time.perf_counter()
-        loss = task.train_step()
+        loss = task.compute_gradients() if averager.sends_gradients else task.train_step()
         computed = time.perf_counter() - begin
         pause = emulated + computed * slowdown  # a peer at speed s takes 1/s as long per step
         if pause > 0:
@@ -145,22 +136,30 @@ def load_config(path: Path, rank: int) -> RunConfig:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gossip.peer", description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, help="config.json written by the launcher")
-    parser.add_argument("--rank", type=int, required=True)
+    role = parser.add_mutually_exclusive_group(required=True)
+    role.add_argument("--rank", type=int, help="run worker/peer RANK")
+    role.add_argument("--server", action="store_true", help="run the parameter server (ps-* modes)")
     args = parser.parse_args(argv)
+    name = "server" if args.server else f"peer {args.rank}"
     if os.environ.get("GOSSIP_LAUNCHER_PID") == str(os.getppid()):
         _die_with_parent()
     signal.signal(signal.SIGTERM, _raise_stopped)
     signal.signal(signal.SIGINT, _raise_stopped)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s peer {args.rank} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config, args.rank)
+        cfg = load_config(args.config, 0 if args.server else args.rank)
         torch.set_num_threads(cfg.threads_per_peer)
-        run(cfg, args.config.parent)
+        if args.server:
+            from gossip.coordinator.server import run_server
+
+            run_server(cfg, args.config.parent)
+        else:
+            run(cfg, args.config.parent)
     except Stopped as exc:
-        print(f"peer {args.rank}: stopped by {exc}", file=sys.stderr)
+        print(f"{name}: stopped by {exc}", file=sys.stderr)
         return 128 + exc.signum
     except (GossipError, OSError) as exc:
-        print(f"peer {args.rank}: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return 1
     return 0
 

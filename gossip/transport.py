@@ -157,7 +157,7 @@ class Transport:
             socket.setsockopt(zmq.SNDHWM, 2)
             socket.setsockopt(zmq.ROUTING_ID, str(self.rank).encode())
             socket.setsockopt(zmq.RECONNECT_IVL, 100)
-            socket.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            socket.setsockopt(zmq.RECONNECT_IVL_MAX, 500)  # a peer that starts late is found within 0.5 s
             socket.setsockopt(zmq.TCP_KEEPALIVE, 1)
             try:
                 socket.connect(self.endpoints[dest])

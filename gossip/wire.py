@@ -30,8 +30,10 @@ MAX_HEADER_BYTES = 4096
 MIN_CHUNK_BYTES = 64
 MAX_CHUNK_BYTES = 64 << 20
 MAX_INT = 1 << 53  # counters beyond this cannot be real; also keeps floats exact in logs
-# kind -> whether it carries the flat buffers as payload
-KINDS: dict[str, bool] = {"hello": False, "params": True}
+# kind -> whether it carries the flat buffers as payload. "params": a peer's weights (gossip, and ps-avg
+# workers); "grad": a parameter-server worker's gradients; "weights": the server's weights for a worker;
+# "bye": a worker that has finished.
+KINDS: dict[str, bool] = {"hello": False, "params": True, "grad": True, "weights": True, "bye": False}
 DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,

@@ -13,13 +13,14 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gossip.config import MODES, STALENESS_WEIGHTS, GossipConfig, RunConfig
+from gossip.config import MODES, STALENESS_WEIGHTS, CoordinatorConfig, GossipConfig, RunConfig
 from gossip.errors import ConfigError, TaskError
 from launch.procs import START_METHODS
 
 PROG = "gossip-launch"
 RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 GOSSIP_FIELDS = {f.name: f for f in dataclasses.fields(GossipConfig)}
+COORDINATOR_FIELDS = {f.name: f for f in dataclasses.fields(CoordinatorConfig)}
 
 # (flag, field, help); the owning dataclass is found by field name, the type from the default.
 FLAGS: list[tuple[str, str, str]] = [
@@ -51,6 +52,14 @@ FLAGS: list[tuple[str, str, str]] = [
     ("--startup-timeout", "startup_timeout", "seconds a peer waits for its first neighbours to start"),
     ("--send-timeout", "send_timeout", "seconds a message may wait for a slow or absent receiver"),
     ("--shutdown-timeout", "shutdown_timeout", "seconds to deliver the last messages on exit"),
+    ("--local-steps", "local_steps", "ps-avg: local steps between two averagings"),
+    ("--staleness-lr", "staleness_lr", "ps-async/ps-ssp/ps-dcasgd: learning rate / max(1, staleness)"),
+    ("--soft-sync", "soft_sync", "parameter server applies the mean once this many gradients arrived (1: each)"),
+    ("--staleness-bound", "staleness_bound", "ps-ssp: a worker this many steps ahead of the slowest waits"),
+    ("--dc-lambda", "dc_lambda", "ps-dcasgd: lambda of the delay compensation (lambda0 with --dc-adaptive)"),
+    ("--dc-adaptive", "dc_adaptive", "ps-dcasgd: DC-ASGD-a, lambda / sqrt(mean square of g + epsilon)"),
+    ("--dc-momentum", "dc_momentum", "ps-dcasgd with --dc-adaptive: m of the mean square of g"),
+    ("--dc-epsilon", "dc_epsilon", "ps-dcasgd with --dc-adaptive: epsilon under the square root"),
 ]
 
 
@@ -70,14 +79,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Start N local peers that train one model together by gossip "
                      "averaging over ZeroMQ, show their progress and summarise the run.")
     for flag, name, help_text in FLAGS:
-        field = RUN_FIELDS.get(name) or GOSSIP_FIELDS[name]
+        field = RUN_FIELDS.get(name) or GOSSIP_FIELDS.get(name) or COORDINATOR_FIELDS[name]
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        kind = _parse_speeds if name == "speeds" else type(default)
         shown = (",".join(map(str, default)) or "all 1") if name == "speeds" else default
-        parser.add_argument(flag, dest=name, type=kind, default=default, metavar=name.upper(),
-                            help=f"{help_text} (default: {shown!s})" if name != "out" else help_text)
+        help_text = f"{help_text} (default: {shown!s})" if name != "out" else help_text
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+            continue
+        kind = _parse_speeds if name == "speeds" else type(default)
+        parser.add_argument(flag, dest=name, type=kind, default=default, metavar=name.upper(), help=help_text)
     parser.add_argument("--progress", choices=("auto", "live", "plain", "off"), default="auto",
                         help="live table on a terminal, periodic lines otherwise (default: auto)")
+    parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True,
+                        help="write summary.png (matplotlib adds about 2 s) (default: True)")
     parser.add_argument("--start-method", choices=START_METHODS, default=START_METHODS[0],
                         help="fork: peers forked from the launcher (fast start); exec: a fresh "
                              f"'python -m gossip.peer' per peer (default: {START_METHODS[0]})")
@@ -87,11 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     values = vars(args)
     gossip_values = {name: values[name] for name in GOSSIP_FIELDS if name in values}
-    run_values = {name: values[name] for name in RUN_FIELDS if name in values and name != "gossip"}
+    coordinator_values = {name: values[name] for name in COORDINATOR_FIELDS if name in values}
+    run_values = {name: values[name] for name in RUN_FIELDS if name in values and name not in ("gossip", "coordinator")}
     if not run_values["out"]:
         run_values["out"] = time.strftime("runs/%Y%m%d-%H%M%S")
     gossip = GossipConfig(world_size=run_values["nodes"], **gossip_values)
-    return RunConfig(**run_values, gossip=gossip)
+    return RunConfig(**run_values, gossip=gossip, coordinator=CoordinatorConfig(**coordinator_values))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         from launch.local import run_local  # imports torch; keep --help and flag errors fast
-        return run_local(cfg, progress=args.progress, start_method=args.start_method)
+        return run_local(cfg, progress=args.progress, start_method=args.start_method, plot=args.plot)
     except (ConfigError, TaskError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ from pathlib import Path
 from gossip.config import RunConfig
 from gossip.errors import ConfigError
 from gossip.tasks import load_task
-from launch.procs import START_METHODS, start_peer, stop_all
+from launch.procs import START_METHODS, start_peer, stop_all, warm_up_for_fork
 from launch.progress import Progress
 
 POLL_SECONDS = 0.25
@@ -45,22 +45,35 @@ def prepare_out(cfg: RunConfig) -> Path:
 
 def check_ports(cfg: RunConfig) -> None:
     """Fail before spawning anything when a peer's port is taken (a leftover run, another program)."""
-    for rank in range(cfg.nodes):
+    for rank in range(cfg.nodes + (1 if cfg.gossip.parameter_server else 0)):
         port = cfg.gossip.base_port + rank
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libzmq does: TIME_WAIT is no conflict
             try:
                 probe.bind((cfg.gossip.host, port))
             except OSError as exc:
-                raise ConfigError(f"port {port} for peer {rank} on {cfg.gossip.host} is unavailable ({exc.strerror}); "
+                who = "the server" if rank == cfg.nodes else f"peer {rank}"
+                raise ConfigError(f"port {port} for {who} on {cfg.gossip.host} is unavailable ({exc.strerror}); "
                                   f"choose another --base-port") from exc
 
 
 def spawn(cfg: RunConfig, out: Path, method: str) -> list:
+    """Start the peers (and, in the ps-* modes, the server last, as rank ``nodes``)."""
     env = {"GOSSIP_LAUNCHER_PID": str(os.getpid()), "OMP_NUM_THREADS": str(cfg.threads_per_peer),
            "PYTHONUNBUFFERED": "1"}
-    procs = [start_peer(method, rank, out / "config.json", out / f"peer-{rank}.log", env) for rank in range(cfg.nodes)]
-    peers = [{"rank": r, "pid": p.pid, "endpoint": cfg.gossip.endpoint(r)} for r, p in enumerate(procs)]
+    config = str(out / "config.json")
+    if method == "fork":
+        warm_up_for_fork()
+    # the server starts first, so that workers find it bound; it still comes last in the lists
+    server = start_peer(method, [config, "--server"], out / "server.log", env) if cfg.gossip.parameter_server else None
+    procs = [start_peer(method, [config, "--rank", str(rank)], out / f"peer-{rank}.log", env)
+             for rank in range(cfg.nodes)]
+    peers = [{"rank": r, "role": "worker" if server else "peer", "pid": p.pid, "endpoint": cfg.gossip.endpoint(r)}
+             for r, p in enumerate(procs)]
+    if server:
+        procs.append(server)
+        peers.append({"rank": cfg.nodes, "role": "server", "pid": server.pid,
+                      "endpoint": cfg.gossip.endpoint(cfg.gossip.server_rank)})
     (out / "peers.json").write_text(json.dumps(peers, indent=2))
     return procs
 
@@ -81,14 +94,15 @@ def watch(procs: list, progress: Progress, out: Path) -> str | None:
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             rank, code = failed[0]
-            return (f"peer {rank} failed (exit {code}): {last_error_line(out / f'peer-{rank}.log')} "
-                    f"[full log: {out / f'peer-{rank}.log'}]")
+            name, log = ("server", out / "server.log") if rank == len(progress.peers) else \
+                (f"peer {rank}", out / f"peer-{rank}.log")
+            return f"{name} failed (exit {code}): {last_error_line(log)} [full log: {log}]"
         if all(c == 0 for c in codes):
             return None
         time.sleep(POLL_SECONDS)
 
 
-def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_METHODS[0]) -> int:
+def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_METHODS[0], plot: bool = True) -> int:
     load_task(cfg.task)  # an unknown task fails here, in one line, not in N peers
     check_ports(cfg)
     out = prepare_out(cfg)
@@ -117,5 +131,5 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
         return 1
     from launch.summary import summarise
 
-    summarise(cfg, out, wall_seconds=time.time() - started)
+    summarise(cfg, out, wall_seconds=time.time() - started, plot=plot)
     return 0

@@ -25,15 +25,27 @@ from pathlib import Path
 START_METHODS = ("fork", "exec") if hasattr(os, "fork") else ("exec",)
 
 
+def warm_up_for_fork() -> None:
+    """Import, once in the launcher, what every forked peer would otherwise import on its own: the peer
+    modules, and the ~2 s that torch spends on its first optimizer (it imports torch._dynamo). Starts no
+    thread and runs no parallel torch operation, so forking afterwards stays safe."""
+    import torch
+
+    import gossip.peer  # noqa: F401 - the imports are the point
+    import gossip.coordinator.server  # noqa: F401
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
 class ForkedPeer:
     """A forked peer with the part of ``subprocess.Popen``'s interface the launcher uses."""
 
-    def __init__(self, rank: int, config: Path, log_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # the child never returns from here
-            _run_forked_peer(rank, config, log_path, env)
+            _run_forked_peer(argv, log_path, env)
         self.pid = pid
         self.returncode: int | None = None
 
@@ -60,7 +72,7 @@ class ForkedPeer:
         self.send_signal(signal.SIGKILL)
 
 
-def _run_forked_peer(rank: int, config: Path, log_path: Path, env: dict[str, str]) -> None:
+def _run_forked_peer(argv: list[str], log_path: Path, env: dict[str, str]) -> None:
     code = 1
     try:
         os.setsid()
@@ -72,7 +84,7 @@ def _run_forked_peer(rank: int, config: Path, log_path: Path, env: dict[str, str
         os.environ.update(env)
         from gossip.peer import main
 
-        code = main([str(config), "--rank", str(rank)])
+        code = main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except Exception:  # a bug: print it into the peer's log; ``finally`` still ends the child
@@ -83,11 +95,12 @@ def _run_forked_peer(rank: int, config: Path, log_path: Path, env: dict[str, str
         os._exit(code)
 
 
-def start_peer(method: str, rank: int, config: Path, log_path: Path, env: dict[str, str]):
+def start_peer(method: str, argv: list[str], log_path: Path, env: dict[str, str]):
+    """Start ``gossip.peer`` with ``argv`` (the config path, then ``--rank R`` or ``--server``)."""
     if method == "fork":
-        return ForkedPeer(rank, config, log_path, env)
+        return ForkedPeer(argv, log_path, env)
     with open(log_path, "wb") as log_file:
-        return subprocess.Popen([sys.executable, "-m", "gossip.peer", str(config), "--rank", str(rank)],
+        return subprocess.Popen([sys.executable, "-m", "gossip.peer", *argv],
                                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                 env={**os.environ, **env}, start_new_session=True)
 

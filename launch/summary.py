@@ -67,19 +67,14 @@ def peer_result(rank: int, events: list[dict[str, Any]]) -> dict[str, Any]:
             "staleness": end.get("staleness"), "dropped": end.get("dropped")}
 
 
-def summarise(cfg: RunConfig, out: Path, wall_seconds: float) -> dict[str, Any]:
+def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True) -> dict[str, Any]:
     events = [read_events(out / f"peer-{rank}.jsonl") for rank in range(cfg.nodes)]
     peers = [peer_result(rank, ev) for rank, ev in enumerate(events)]
     states = [torch.load(out / f"model-{rank}.pt", weights_only=True) for rank in range(cfg.nodes)]
-    final = average_state_dicts(states)
-    torch.save(final, out / "model-final.pt")
     vectors = np.stack([flat_vector(s) for s in states])
     trace, drift = consensus_trace(out, cfg.nodes, vectors.shape[1])
-    task = build_task(cfg.task, TaskContext(0, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum, cfg.batch_size, cfg.dim))
-    final_metrics = {}
-    if task.trains:
-        task.model.load_state_dict(final)
-        final_metrics = task.evaluate()
+    server = server_result(out) if cfg.gossip.parameter_server else None
+    final_metrics = server.get("test", {}) if server else evaluate_average(cfg, states, out)
     accuracies = [p["test_accuracy"] for p in peers if p["test_accuracy"] is not None]
     summary = {
         "mode": cfg.gossip.mode, "topology": cfg.gossip.topology, "nodes": cfg.nodes, "task": cfg.task,
@@ -89,16 +84,39 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float) -> dict[str, Any]:
         "consensus_trace": trace, "mean_drift": drift, "spectral": spectral(cfg),
         "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers),
     }
+    if server:
+        summary["server"] = server
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    from launch.plot import plot_run
+    if plot:
+        from launch.plot import plot_run  # matplotlib costs about 2 s; only when asked for
 
-    plot_run(out, events, trace, out / "summary.png")
+        plot_run(out, events, trace, out / "summary.png")
     print_table(summary, out)
     return summary
 
 
+def evaluate_average(cfg: RunConfig, states: list[dict[str, torch.Tensor]], out: Path) -> dict[str, float]:
+    """Write ``model-final.pt``, the exact average of the peers' models, and return its test metrics."""
+    final = average_state_dicts(states)
+    torch.save(final, out / "model-final.pt")
+    task = build_task(cfg.task, TaskContext(0, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum, cfg.batch_size, cfg.dim))
+    if not task.trains:
+        return {}
+    task.model.load_state_dict(final)
+    return task.evaluate()
+
+
+def server_result(out: Path) -> dict[str, Any]:
+    """The parameter server's end event: versions, updates, staleness histogram and its model's metrics
+    (the server already wrote ``model-final.pt``)."""
+    events = read_events(out / "server.jsonl")
+    end = next((e for e in events if e["event"] == "end"), {})
+    return {key: end.get(key) for key in ("versions", "updates", "staleness", "test", "wall_seconds",
+                                           "bytes_sent", "bytes_received", "dropped")}
+
+
 def spectral(cfg: RunConfig) -> dict[str, Any]:
-    if cfg.nodes < 2:
+    if cfg.nodes < 2 or cfg.gossip.parameter_server:
         return {}
     topology = build_topology(cfg.gossip.topology, cfg.nodes)
     return {"slem": topology.slem(0), "contraction": topology.contraction(0), "directed": topology.directed,
@@ -112,7 +130,8 @@ def _cell(value: float | None, width: int, spec: str = "") -> str:
 def print_table(summary: dict[str, Any], out: Path) -> None:
     columns = [("peer", 4), ("steps", 6), ("rounds", 6), ("test acc", 8), ("test loss", 9), ("waited s", 8),
                ("sent MB", 8), ("recv MB", 8)]
-    lines = [f"\n{summary['mode']} on {summary['topology']}, {summary['nodes']} peers, task {summary['task']}",
+    shape = "a parameter server" if "server" in summary else summary["topology"]
+    lines = [f"\n{summary['mode']} on {shape}, {summary['nodes']} peers, task {summary['task']}",
              " ".join(name.rjust(width) for name, width in columns)]
     for p in summary["peers"]:
         values = [(p["rank"], ""), (p["steps"], ""), (p["rounds"], ""), (p["test_accuracy"], ".4f"),
@@ -122,7 +141,11 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
     if summary["mean_test_accuracy"] is not None:
         lines.append(f"mean test accuracy       {summary['mean_test_accuracy']:.4f}")
     if summary["final_model"].get("accuracy") is not None:
-        lines.append(f"averaged model accuracy  {summary['final_model']['accuracy']:.4f}  (model-final.pt)")
+        which = "server model accuracy   " if "server" in summary else "averaged model accuracy "
+        lines.append(f"{which} {summary['final_model']['accuracy']:.4f}  (model-final.pt)")
+    if "server" in summary:
+        server = summary["server"]
+        lines.append(f"server updates           {server['updates']} (staleness histogram {server['staleness']})")
     lines.append(f"consensus distance       {summary['consensus_distance']:.3e}")
     lines.append(f"wall time                {summary['wall_seconds']:.1f} s")
     lines.append(f"bytes sent (all peers)   {summary['bytes_sent'] / 1e6:.1f} MB")

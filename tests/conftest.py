@@ -92,10 +92,11 @@ def launch_run(tmp_path):
     """Run ``python -m launch`` with free ports and a fresh --out; returns a ``Run``."""
     outs: list[tuple[Path, bool]] = []
 
-    def run(*args: str, nodes: int = 4, timeout: float = 150, expect_ok: bool = True, name: str = "run") -> Run:
+    def run(*args: str, nodes: int = 4, timeout: float = 150, expect_ok: bool = True, name: str = "run",
+            plot: bool = False) -> Run:
         out = tmp_path / name
         command = [sys.executable, "-m", "launch", "--nodes", str(nodes), "--out", str(out), "--progress", "plain",
-                   "--base-port", str(free_base_port(nodes)), *args]
+                   "--base-port", str(free_base_port(nodes + 1)), "--plot" if plot else "--no-plot", *args]
         outs.append((out, False))
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         outs[-1] = (out, True)

@@ -47,3 +47,34 @@ def slow_digits(ctx: TaskContext) -> Task:
 
     task.loss = loss
     return task
+
+
+ORDER_SEED = 11
+
+
+def ordered_batch_indices(step: int, rank: int, world_size: int, batch_size: int, total: int) -> torch.Tensor:
+    """Worker ``rank``'s batch at ``step``: slice ``rank`` of the step's ``world_size * batch_size`` samples
+    of one fixed permutation, so N workers at batch b see exactly what one process at batch N*b sees."""
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(ORDER_SEED))
+    start = (step * world_size + rank) * batch_size
+    return order[torch.arange(start, start + batch_size) % total]
+
+
+def ordered_digits(ctx: TaskContext) -> Task:
+    """Digits with batches fixed by (step, rank): for the parameter-server exactness tests."""
+    import torch.nn.functional as F
+
+    from gossip.tasks.digits import evaluator, load_split, make_model
+
+    x_train, y_train, x_test, y_test = load_split()
+    model = make_model(ctx.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
+    step = 0
+
+    def loss() -> torch.Tensor:
+        nonlocal step
+        index = ordered_batch_indices(step, ctx.rank, ctx.world_size, ctx.batch_size, len(x_train))
+        step += 1
+        return F.cross_entropy(model(x_train[index]), y_train[index])
+
+    return Task(model, loss, evaluator(model, x_test, y_test), optimizer, samples_per_step=ctx.batch_size)

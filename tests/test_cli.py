@@ -23,14 +23,16 @@ def test_help_shows_every_flag_with_its_default():
     proc = launch("--help")
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())  # argparse wraps lines
+    squeezed = "".join(proc.stdout.split())  # ... and may break them at a hyphen
     parser = build_parser()
     for flag, name, _ in FLAGS:
         assert flag in text, flag
         if name != "out":
             default = parser.get_default(name)
             shown = ",".join(map(str, default)) or "all 1" if isinstance(default, tuple) else str(default)
-            assert f"{flag} {name.upper()}" in text
-            assert f"(default: {shown})" in text, (flag, shown)
+            usage = f"{flag}, --no-{flag[2:]}" if isinstance(default, bool) else f"{flag} {name.upper()}"
+            assert usage in text, usage
+            assert f"(default:{shown})".replace(" ", "") in squeezed, (flag, shown)
     assert "--progress" in text and "runs/<date-time>" in text
 
 
@@ -53,6 +55,10 @@ def test_defaults_are_four_peers_on_a_ring_training_digits():
     (["--task", "nosuchpackage.mod:fn"], "cannot import task module 'nosuchpackage.mod'"),
     (["--task", "tests.tasks:nothing_here"], "has no function 'nothing_here'"),
     (["--chunk-mb", "1000"], "--chunk-mb 1000.0 is out of range"),
+    (["--mode", "ps-async", "--soft-sync", "9"], "--soft-sync 9 exceeds the 4 workers; use 1..4"),
+    (["--mode", "ps-ssp", "--staleness-bound", "-1"], "--staleness-bound must be >= 0, got -1"),
+    (["--mode", "ps-dcasgd", "--dc-lambda", "-0.5"], "--dc-lambda must be a number >= 0"),
+    (["--mode", "ps-avg", "--local-steps", "0"], "--local-steps must be >= 1, got 0"),
 ])
 def test_bad_input_gives_one_clear_line_and_exit_2(args, expected, tmp_path):
     proc = launch(*args, "--out", str(tmp_path / "out"), "--base-port", str(free_base_port(8)))

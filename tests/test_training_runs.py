@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_sync_ring_digits_trains_every_peer(launch_run):
-    run = launch_run("--steps", "200", nodes=4)
+    run = launch_run("--steps", "200", nodes=4, plot=True)
     summary = run.summary
     accuracies = [p["test_accuracy"] for p in summary["peers"]]
     assert summary["mean_test_accuracy"] >= 0.90, accuracies

@@ -229,7 +229,7 @@ def test_wrong_protocol_version():
     assert reason_of(with_header(valid_frames(), v=PROTOCOL_VERSION + 1)) == "version"
 
 
-@pytest.mark.parametrize("kind", ["bye", "", "HELLO", 5, None, ["params"]])
+@pytest.mark.parametrize("kind", ["goodbye", "", "HELLO", 5, None, ["params"]])
 def test_unknown_kind(kind):
     assert reason_of(with_header(valid_frames(), k=kind)) == "kind"
 

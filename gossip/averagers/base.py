@@ -27,7 +27,9 @@ log = logging.getLogger("gossip.averager")
 class Averager(ABC):
     """Averages one model's flat parameters with neighbours; use as a context manager or ``close()``."""
 
-    def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology) -> None:
+    sends_gradients = False  # True for parameter-server workers that send gradients instead of stepping
+
+    def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None) -> None:
         self.flat = flat
         self.config = config
         self.topology = topology
@@ -39,10 +41,11 @@ class Averager(ABC):
         self.wait_seconds = 0.0  # blocked on neighbours
         self.mix_seconds = 0.0
         self.mailbox = self._make_mailbox()
-        endpoints = [config.endpoint(r) for r in range(config.world_size)]
+        ranks = config.world_size + (1 if config.parameter_server else 0)  # the server is the last rank
+        endpoints = [config.endpoint(r) for r in range(ranks)]
         self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
                                    queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
-                                   recv_queue=max(64, 4 * config.world_size))
+                                   recv_queue=max(64, 4 * ranks))
         self._closed = False
 
     @abstractmethod
@@ -55,19 +58,30 @@ class Averager(ABC):
     def _finish(self) -> None:
         """Complete whatever is in flight before the sockets close (sync: the last round)."""
 
+    def _hello_peers(self) -> tuple[int, ...]:
+        return self.topology.neighbors(self.rank, 0) if self.config.world_size > 1 else ()
+
+    def _due(self) -> bool:
+        """Is this step a mixing point? (When to mix, kept apart from how.)"""
+        return self.config.world_size > 1 and self.local_step % self.config.gossip_every == 0
+
     def _close_flush_seconds(self) -> float:
         """How long close() may spend delivering what is queued: the final sync round must arrive."""
         return self.config.shutdown_timeout
 
     # -- public ----------------------------------------------------------------------------------------
     def start(self) -> Averager:
-        """Bind, then wait (``startup_timeout``) until every first-round neighbour has said hello."""
+        """Bind, then wait (``startup_timeout``) until the first peers to talk to have answered."""
         self.transport.start()
-        neighbours = self.topology.neighbors(self.rank, 0) if self.config.world_size > 1 else ()
-        hello = encode(Header(kind="hello", sender=self.rank))
-        self.transport.post(neighbours, hello, latest_only=False, timeout=self.config.send_timeout)
-        self.mailbox.wait_hellos(neighbours, self.config.startup_timeout)
+        self._greet()
         return self
+
+    def _greet(self) -> None:
+        """Say hello to every first-round neighbour and wait for theirs."""
+        neighbours = self._hello_peers()
+        self.transport.post(neighbours, encode(Header(kind="hello", sender=self.rank)), latest_only=False,
+                            timeout=self.config.send_timeout)
+        self.mailbox.wait_hellos(neighbours, self.config.startup_timeout)
 
     def step(self, samples: int = 0) -> bool:
         """Call after every optimizer step; mixes every ``gossip_every`` steps. True when it mixed."""
@@ -75,7 +89,7 @@ class Averager(ABC):
         self.samples += samples
         self.mailbox.local_step = self.local_step
         self.speed.tick(samples)
-        if self.config.world_size == 1 or self.local_step % self.config.gossip_every:
+        if not self._due():
             return False
         self._gossip()
         return True
@@ -86,7 +100,7 @@ class Averager(ABC):
             return
         self._closed = True
         try:
-            if finish and self.config.world_size > 1:
+            if finish:
                 self._finish()
         finally:
             self.transport.close(flush_timeout=self._close_flush_seconds() if finish else 0.0)

@@ -1,0 +1,114 @@
+"""What every parameter-server mode shares, once: versions, barriers, bounded staleness and replies.
+
+``ServerCore`` is a pure state machine (no sockets, no clocks): the server loop feeds it each worker's
+contribution and sends the current weights to the workers it names. The algorithm files only supply an
+``Update`` (how a batch of contributions changes the weights); *when* to apply and *whom* to answer lives
+here:
+
+- a batch is applied once ``batch_size`` contributions have arrived (N for ps-sync and ps-avg; S for
+  soft synchronisation, seed 001; 1 for plain asynchronous SGD), or fewer once fewer workers remain;
+- each applied contribution's staleness is the server version now minus the version it was computed
+  on (about N on average with N asynchronous workers, seed 001);
+- with a staleness bound s (SSP, Ho et al., NeurIPS 2013) a worker whose clock is more than s ahead of
+  the slowest active worker gets no reply (and so cannot start its next step) until the slowest catches up.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Contribution:
+    worker: int
+    version: int  # the server version of the weights it was computed from
+    clock: int  # the worker's local steps after it
+    chunks: list[torch.Tensor]  # gradients (or weights, for ps-avg), cut like the flat buffers
+    samples: int = 0
+
+
+class Update(Protocol):
+    def apply(self, batch: list[Contribution], staleness: list[int]) -> None:
+        """Change the server's weights with one batch of contributions."""
+
+    def sent(self, worker: int) -> None:
+        """The current weights are being sent to ``worker`` (DC-ASGD backs them up)."""
+
+
+@dataclass
+class Applied:
+    version: int  # the version the batch produced
+    workers: list[int]
+    staleness: list[int]
+
+
+@dataclass
+class ServerCore:
+    workers: int
+    update: Update
+    batch_size: int
+    staleness_bound: int | None = None  # None: no bound (everything but ps-ssp)
+    version: int = 0
+    clocks: list[int] = field(default_factory=list)
+    active: set[int] = field(default_factory=set)
+    pending: list[Contribution] = field(default_factory=list)
+    held: set[int] = field(default_factory=set)  # workers owed a reply that SSP holds back
+    staleness: Counter[int] = field(default_factory=Counter)
+    applied: list[Applied] = field(default_factory=list)  # the history, for logs and tests
+
+    def __post_init__(self) -> None:
+        self.clocks = [0] * self.workers
+        self.active = set(range(self.workers))
+
+    def join(self, worker: int) -> list[int]:
+        """A worker said hello: it gets the current weights at once."""
+        self.update.sent(worker)
+        return [worker]
+
+    def submit(self, contribution: Contribution) -> list[int]:
+        """File one contribution; returns the workers to send the current weights to now."""
+        self.clocks[contribution.worker] = contribution.clock
+        self.pending.append(contribution)
+        due = self._apply_if_full()
+        return self._release(due)
+
+    def leave(self, worker: int) -> list[int]:
+        """A worker finished: it no longer counts toward batches or holds back faster workers."""
+        self.active.discard(worker)
+        self.held.discard(worker)
+        return self._release(self._apply_if_full())
+
+    def _apply_if_full(self) -> list[int]:
+        needed = min(self.batch_size, max(1, len(self.active)))
+        if len(self.pending) < needed:
+            return []
+        batch, self.pending = self.pending, []
+        taus = [self.version - c.version for c in batch]
+        self.update.apply(batch, taus)
+        self.version += 1
+        self.staleness.update(taus)
+        self.applied.append(Applied(self.version, [c.worker for c in batch], taus))
+        return [c.worker for c in batch]
+
+    def _release(self, due: list[int]) -> list[int]:
+        self.held.update(due)
+        ready = sorted(w for w in self.held if self.may_proceed(w))
+        self.held.difference_update(ready)
+        for worker in ready:
+            self.update.sent(worker)
+        return ready
+
+    def may_proceed(self, worker: int) -> bool:
+        if self.staleness_bound is None or worker not in self.active:
+            return True
+        slowest = min(self.clocks[w] for w in self.active)
+        return self.clocks[worker] - slowest <= self.staleness_bound
+
+    def lead(self, worker: int) -> int:
+        """How many steps ``worker`` is ahead of the slowest active worker (0 when it is the slowest)."""
+        others = [self.clocks[w] for w in self.active] or [self.clocks[worker]]
+        return self.clocks[worker] - min(others)

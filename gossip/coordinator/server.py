@@ -1,0 +1,119 @@
+"""The parameter-server process: one loop that receives workers' contributions in arrival order, feeds
+them to the mode's ``ServerCore`` and answers with its weights.
+
+Logs ``server.jsonl`` (``update`` per applied batch with its version, workers and their staleness;
+``reply`` per answer with the worker's clock and its lead over the slowest worker; ``end`` with the
+staleness histogram) and leaves the final model as ``model-final.pt``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from gossip.config import RunConfig
+from gossip.coordinator.core import Contribution, ServerCore
+from gossip.coordinator.modes import build_core
+from gossip.errors import GossipError, PeerTimeout, Stopped
+from gossip.flat import FlatParams
+from gossip.mailbox import QueueMailbox
+from gossip.metrics import EventLog
+from gossip.tasks import TaskContext, build_task
+from gossip.transport import Transport
+from gossip.wire import Message, encode, params_header
+
+log = logging.getLogger("gossip.server")
+
+
+class ParameterServer:
+    def __init__(self, cfg: RunConfig, events: EventLog) -> None:
+        self.cfg = cfg
+        self.config = cfg.gossip
+        self.events = events
+        self.workers = cfg.nodes
+        self.rank = self.config.server_rank
+        self.task = build_task(cfg.task, TaskContext(0, cfg.nodes, self.config.seed, cfg.lr, cfg.momentum,
+                                                     cfg.batch_size, cfg.dim))
+        self.flat = FlatParams(self.task.model, self.config.chunk_bytes)
+        optimizer = torch.optim.SGD(self.task.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat, optimizer, self.workers)
+        self.mailbox = QueueMailbox(self.rank, self.workers + 1, self.flat.layout,
+                                    expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers)
+        endpoints = [self.config.endpoint(r) for r in range(self.workers + 1)]
+        self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
+                                   queue_depth=self.config.queue_depth, shutdown_timeout=self.config.shutdown_timeout,
+                                   recv_queue=max(64, 4 * self.workers))
+        self.joined: set[int] = set()
+
+    def serve(self) -> None:
+        """Answer workers until every one has said bye."""
+        self.transport.start()
+        self.events.write("ready", endpoint=self.config.endpoint(self.rank), mode=self.config.mode)
+        while self.core.active:
+            message = self.mailbox.get(self._wait_seconds())
+            if message is None:
+                raise PeerTimeout(self._silence())
+            self._handle(message)
+
+    def _handle(self, message: Message) -> None:
+        header = message.header
+        worker = header.sender
+        if header.kind == "hello":
+            self.joined.add(worker)
+            self._reply(self.core.join(worker))
+        elif header.kind == "bye":
+            self._reply(self.core.leave(worker))
+        else:
+            before = len(self.core.applied)
+            due = self.core.submit(Contribution(worker, header.round, header.step, message.chunks, header.samples))
+            for applied in self.core.applied[before:]:
+                self.events.write("update", version=applied.version, workers=applied.workers,
+                                  staleness=applied.staleness, active=len(self.core.active))
+            self._reply(due)
+
+    def _reply(self, workers: list[int]) -> None:
+        if not workers:
+            return
+        header = params_header("weights", self.rank, self.flat.layout, self.flat.chunk_bytes, round=self.core.version)
+        frames = encode(header, self.flat.snapshot())
+        for worker in workers:
+            self.events.write("reply", worker=worker, version=self.core.version, clock=self.core.clocks[worker],
+                              lead=self.core.lead(worker))
+        self.transport.post(workers, frames, latest_only=False, timeout=self.config.send_timeout)
+
+    def _wait_seconds(self) -> float:
+        return self.config.startup_timeout if len(self.joined) < self.workers else self.config.round_timeout
+
+    def _silence(self) -> str:
+        missing = sorted(set(range(self.workers)) - self.joined)
+        if missing:
+            return (f"the parameter server heard nothing from worker(s) {', '.join(map(str, missing))} within "
+                    f"{self.config.startup_timeout:g} s (--startup-timeout)")
+        waiting = sorted(self.core.active - {c.worker for c in self.core.pending} - self.core.held)
+        return (f"the parameter server received nothing for {self.config.round_timeout:g} s (--round-timeout); "
+                f"still waiting on worker(s) {', '.join(map(str, waiting)) or 'none'}")
+
+    def close(self, finish: bool) -> None:
+        self.transport.close(flush_timeout=self.config.shutdown_timeout if finish else 0.0)
+
+
+def run_server(cfg: RunConfig, out: Path) -> None:
+    events = EventLog(out / "server.jsonl")
+    started = time.time()
+    server = ParameterServer(cfg, events)
+    try:
+        server.serve()
+    except GossipError as exc:
+        events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc))
+        server.close(finish=False)
+        raise
+    server.close(finish=True)
+    torch.save(server.task.model.state_dict(), out / "model-final.pt")
+    core = server.core
+    events.write("end", wall_seconds=time.time() - started, versions=core.version, updates=len(core.applied),
+                 staleness=dict(sorted(core.staleness.items())), test=server.task.evaluate(),
+                 **server.transport.statistics())
+    events.close()

@@ -1,0 +1,59 @@
+"""Gradient updates through the server's optimizer: ps-sync (SSGD), ps-async (ASGD, optionally with a
+staleness-scaled learning rate and soft synchronisation), ps-ssp and ps-dcasgd.
+
+A batch's gradients are averaged, each first delay-compensated (DC-ASGD) and scaled by 1 / max(1, tau)
+when ``staleness_lr`` is set (seed 001's "scaling parameter ... separately for each update based on
+staleness"), then written into the parameters' ``.grad`` and stepped with the server's optimizer (SGD,
+with momentum when configured: the momentum buffer accumulates the compensated gradients g~, exactly as
+it accumulates plain gradients, so compensation and momentum compose like any gradient correction).
+Buffers (BatchNorm statistics) are not trained: the server takes the mean of the values workers report.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gossip.coordinator.core import Contribution
+from gossip.coordinator.dcasgd import DelayCompensation
+from gossip.flat import FlatParams
+
+
+class GradientStep:
+    def __init__(self, flat: FlatParams, optimizer: torch.optim.Optimizer, staleness_lr: bool = False,
+                 compensation: DelayCompensation | None = None) -> None:
+        self.flat = flat
+        self.optimizer = optimizer
+        self.staleness_lr = staleness_lr
+        self.compensation = compensation
+        self.gradients = flat.point_gradients_into()  # writing here is what the optimizer steps with
+
+    def apply(self, batch: list[Contribution], staleness: list[int]) -> None:
+        for target in self.gradients:
+            target.zero_()
+        for contribution, tau in zip(batch, staleness):
+            gradient = contribution.chunks
+            if self.compensation is not None:
+                gradient = self.compensation.compensate(contribution.worker, gradient)
+            scale = (1.0 / max(1, tau) if self.staleness_lr else 1.0) / len(batch)
+            for target, g in zip(self.gradients, gradient):
+                target.add_(g, alpha=scale)
+        average_buffers(self.flat, batch)
+        self.optimizer.step()
+
+    def sent(self, worker: int) -> None:
+        if self.compensation is not None:
+            self.compensation.backup(worker)
+
+
+def average_buffers(flat: FlatParams, batch: list[Contribution]) -> None:
+    """Set each buffer (BatchNorm statistics) to the mean of the values in ``batch``."""
+    for place in flat.buffers:
+        values = [_slice(flat, c.chunks, place.segment, place.start, place.stop) for c in batch]
+        flat.segments[place.segment][place.start:place.stop].copy_(torch.stack(values).mean(0))
+
+
+def _slice(flat: FlatParams, chunks: list[torch.Tensor], segment: int, start: int, stop: int) -> torch.Tensor:
+    """Elements [start, stop) of ``segment`` from tensors cut by ``flat.plan``."""
+    parts = [chunk[max(start, a) - a:min(stop, b) - a]
+             for chunk, (s, a, b) in zip(chunks, flat.plan) if s == segment and a < stop and b > start]
+    return torch.cat(parts)
