@@ -154,10 +154,10 @@ class LatestMailbox(Mailbox):
 class QueueMailbox(Mailbox):
     """The parameter server's: every message (hellos included) in arrival order, for one consumer."""
 
-    accepts = frozenset({"hello", "grad", "params", "bye"})
-
-    def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects, capacity: int) -> None:
+    def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects, capacity: int,
+                 contribution: str) -> None:
         super().__init__(rank, world_size, layout, expects)
+        self.accepts = frozenset({"hello", "bye", contribution})  # "grad", or "params" in ps-avg
         self.capacity = capacity
         self._queue: deque[Message] = deque()
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 
 from gossip.config import RunConfig
 from gossip.coordinator.core import Contribution, ServerCore
-from gossip.coordinator.modes import build_core
+from gossip.coordinator.modes import SENDS_WEIGHTS, build_core
 from gossip.errors import GossipError, PeerTimeout, Stopped
 from gossip.flat import FlatParams
 from gossip.mailbox import QueueMailbox
@@ -40,13 +41,17 @@ class ParameterServer:
         self.flat = FlatParams(self.task.model, self.config.chunk_bytes)
         optimizer = torch.optim.SGD(self.task.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
         self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat, optimizer, self.workers)
+        contribution = "params" if self.config.mode in SENDS_WEIGHTS else "grad"
         self.mailbox = QueueMailbox(self.rank, self.workers + 1, self.flat.layout,
-                                    expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers)
+                                    expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
+                                    contribution=contribution)
         endpoints = [self.config.endpoint(r) for r in range(self.workers + 1)]
         self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
                                    queue_depth=self.config.queue_depth, shutdown_timeout=self.config.shutdown_timeout,
                                    recv_queue=max(64, 4 * self.workers))
         self.joined: set[int] = set()
+        self.contributions = 0  # gradients (or weight sets) applied so far
+        self.dropped: Counter[str] = Counter()  # implausible contributions (the transport counts the rest)
 
     def serve(self) -> None:
         """Answer workers until every one has said bye."""
@@ -66,13 +71,31 @@ class ParameterServer:
             self._reply(self.core.join(worker))
         elif header.kind == "bye":
             self._reply(self.core.leave(worker))
-        else:
+        elif self._plausible(message):
             before = len(self.core.applied)
             due = self.core.submit(Contribution(worker, header.round, header.step, message.chunks, header.samples))
             for applied in self.core.applied[before:]:
+                self.contributions += len(applied.workers)
                 self.events.write("update", version=applied.version, workers=applied.workers,
                                   staleness=applied.staleness, active=len(self.core.active))
+                if self.cfg.eval_every and applied.version % self.cfg.eval_every == 0:
+                    self.events.write("eval", version=applied.version, contributions=self.contributions,
+                                      **self.task.evaluate())
             self._reply(due)
+
+    def _plausible(self, message: Message) -> bool:
+        """A worker waits for our answer before its next contribution, and cannot have computed on a
+        version we never sent: anything else is a replay or a lie, dropped and counted."""
+        worker, version = message.header.sender, message.header.round
+        waiting = {c.worker for c in self.core.pending} | self.core.held
+        reason = ("not-joined" if worker not in self.joined else "duplicate" if worker in waiting
+                  else "version" if version > self.core.version else None)
+        if reason is None:
+            return True
+        self.dropped[reason] += 1
+        log.warning("server dropped a contribution from worker %d (%s): version %d, ours %d", worker, reason,
+                    version, self.core.version)
+        return False
 
     def _reply(self, workers: list[int]) -> None:
         if not workers:
@@ -115,5 +138,5 @@ def run_server(cfg: RunConfig, out: Path) -> None:
     core = server.core
     events.write("end", wall_seconds=time.time() - started, versions=core.version, updates=len(core.applied),
                  staleness=dict(sorted(core.staleness.items())), test=server.task.evaluate(),
-                 **server.transport.statistics())
+                 implausible=dict(server.dropped), **server.transport.statistics())
     events.close()

