@@ -40,12 +40,13 @@ def mix(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     x.mul_(1 / 3).add_(a, alpha=1 / 3).add_(b, alpha=1 / 3)  # Metropolis-Hastings weights of a 3-ring
 
 
-def run_gossip(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
+def run_gossip(rank: int, numel: int, rounds: int, warmup: int, port: int, secure: str = "") -> float:
     import gossip
 
     model = torch.nn.Linear(1, 1, bias=False)
     model.weight = torch.nn.Parameter(torch.full((numel,), float(rank)))
-    with gossip.attach(model, rank=rank, world_size=WORLD, base_port=port, topology="ring") as averager:
+    with gossip.attach(model, rank=rank, world_size=WORLD, base_port=port, topology="ring",
+                       secure=secure) as averager:
         for _ in range(warmup):
             averager.step()
         begin = time.perf_counter()
@@ -115,11 +116,18 @@ def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int, mixing:
     return elapsed
 
 
+def run_gossip_secure(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
+    """The same round with CurveZMQ on every socket (--secure): encryption and authentication."""
+    keydir = ROOT / "bench" / "results" / "exchange-keys"
+    return run_gossip(rank, numel, rounds, warmup, port, secure=str(keydir))
+
+
 def run_gloo_exchange(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
     return run_gloo(rank, numel, rounds, warmup, port, mixing=False)
 
 
-RUNNERS = {"gossip": run_gossip, "pyzmq": run_pyzmq, "gloo": run_gloo, "gloo-exchange": run_gloo_exchange}
+RUNNERS = {"gossip": run_gossip, "pyzmq": run_pyzmq, "gloo": run_gloo, "gloo-exchange": run_gloo_exchange,
+           "gossip-secure": run_gossip_secure}
 
 
 def _peer(variant: str, rank: int, numel: int, rounds: int, warmup: int, port: int, results: mp.Queue) -> None:
@@ -164,9 +172,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,16,100", help="model sizes in MiB, comma-separated")
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds (default: by size)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant and size; the median is kept")
-    parser.add_argument("--variants", default=",".join(RUNNERS), help="which of " + ", ".join(RUNNERS))
+    parser.add_argument("--variants", default="gossip,pyzmq,gloo,gloo-exchange",
+                        help="which of " + ", ".join(RUNNERS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "exchange.json")
     args = parser.parse_args()
+    if "gossip-secure" in args.variants:
+        from gossip.security import generate_keys
+
+        generate_keys(ROOT / "bench" / "results" / "exchange-keys", WORLD)
     rows = []
     for size in (float(s) for s in args.sizes.split(",")):
         rounds = args.rounds or max(10, int(400 / size))

@@ -37,6 +37,7 @@ class GossipConfig:
     base_port: int = 47000
     endpoints: tuple[str, ...] = ()  # one per rank; empty means tcp://host:(base_port + rank)
     server_endpoint: str = ""  # ps-* modes; empty means tcp://host:(base_port + world_size)
+    secure: str = ""  # KEYDIR: CurveZMQ on every socket, only the public keys in KEYDIR/public admitted
     gossip_every: int = 1  # local steps between two mixes
     staleness_weight: str = "none"  # f(tau): none = 1, inverse = 1/(1+tau), exp = exp(-tau/T)
     staleness_temperature: float = 4.0  # T of the exp weighting, in steps

@@ -46,11 +46,12 @@ class Mailbox:
         self._cond = threading.Condition()
         self._hellos: set[int] = set()
 
-    def deliver(self, identity: bytes, frames: Sequence[Any]) -> None:
+    def deliver(self, authenticated: int | None, frames: Sequence[Any]) -> None:
+        """The transport's handler: ``authenticated`` is the sender's rank proven by its CURVE key, or None."""
         message = decode(frames, self.layout, self.world_size)
         sender = message.header.sender
-        if identity != str(sender).encode():
-            raise ProtocolError("sender-mismatch", f"connection {identity[:16]!r} claims to be peer {sender}")
+        if authenticated is not None and authenticated != sender:
+            raise ProtocolError("sender-mismatch", f"peer {authenticated} claims to be peer {sender}")
         if sender == self.rank:
             raise ProtocolError("sender", f"a message claims to come from ourselves (peer {sender})")
         if message.header.kind not in self.accepts:

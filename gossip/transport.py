@@ -1,4 +1,5 @@
-"""The only module that imports ``zmq``: sockets, queues and timeouts for one peer.
+"""The transport layer (this module and ``security.py`` are the only ones that import ``zmq``): sockets,
+queues and timeouts for one peer.
 
 One ROUTER is bound on the peer's endpoint and receives from everyone; one DEALER per destination is
 connected lazily and sends. Every socket belongs to the ``LoopThread`` (ZeroMQ sockets are not
@@ -6,7 +7,9 @@ thread-safe); the training thread hands over messages with ``post`` and never to
 
 Socket options, deliberately:
 - ROUTER_MANDATORY: a ROUTER silently drops what it cannot route; we want an error instead.
-- ROUTER_HANDOVER: a restarted peer reconnecting under its old identity takes over the old connection.
+- No routing ids of our choosing: our ROUTERs only receive, so ZeroMQ's random ids do; a chosen id could
+  be claimed by a second connection and cut the first off. Who sent a message is the CURVE key that
+  authenticated its connection (``--secure``), or else only what its header claims.
 - SNDHWM = 2 per DEALER: at most two whole messages wait inside libzmq per neighbour (HWM counts whole
   multipart messages); beyond that our own bounded per-neighbour queue decides: sync sends wait (up to
   ``send_timeout``), async sends replace the stale queued snapshot.
@@ -32,10 +35,11 @@ import zmq.asyncio
 from gossip.alloc import keep_freed_memory
 from gossip.errors import PeerTimeout, PeerUnreachable, ProtocolError, TransportError
 from gossip.loop import LoopThread
+from gossip.security import CurveKeys, secure_dealer, secure_router, start_authenticator
 from gossip.wire import MAX_CHUNK_BYTES
 
 log = logging.getLogger("gossip.transport")
-Handler = Callable[[bytes, Sequence[Any]], None]  # (sender's routing id, frames after it)
+Handler = Callable[[int | None, Sequence[Any]], None]  # (authenticated sender rank or None, frames)
 _WARN_FIRST = 5  # warnings per drop reason before we only warn on every 1000th
 
 
@@ -43,8 +47,11 @@ class Transport:
     """Owns the loop thread and the sockets of peer ``rank``."""
 
     def __init__(self, rank: int, bind: str, endpoints: Sequence[str], handler: Handler, *,
-                 queue_depth: int = 8, shutdown_timeout: float = 10.0, recv_queue: int = 256) -> None:
+                 queue_depth: int = 8, shutdown_timeout: float = 10.0, recv_queue: int = 256,
+                 keys: CurveKeys | None = None) -> None:
         self.rank = rank
+        self.keys = keys  # CurveZMQ on every socket when set (gossip/security.py)
+        self._authenticator = None
         self.bind_endpoint = bind
         self.endpoints = list(endpoints)
         self._handler = handler
@@ -72,9 +79,11 @@ class Transport:
         router = self._context.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.setsockopt(zmq.RCVHWM, self._recv_queue)
         router.setsockopt(zmq.MAXMSGSIZE, MAX_CHUNK_BYTES + 4096)
+        if self.keys is not None:
+            self._authenticator = start_authenticator(self._context, self.keys)
+            secure_router(router, self.keys)
         try:
             router.bind(self.bind_endpoint)
         except zmq.ZMQError as exc:
@@ -114,6 +123,8 @@ class Transport:
             outbox.socket.close(linger=linger)
         if self._router is not None:
             self._router.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
         context, self._context = self._context, None
         await asyncio.get_running_loop().run_in_executor(None, context.term)  # waits out the lingering DEALERs
 
@@ -155,10 +166,11 @@ class Transport:
             socket = self._context.socket(zmq.DEALER)
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.SNDHWM, 2)
-            socket.setsockopt(zmq.ROUTING_ID, str(self.rank).encode())
             socket.setsockopt(zmq.RECONNECT_IVL, 100)
             socket.setsockopt(zmq.RECONNECT_IVL_MAX, 500)  # a peer that starts late is found within 0.5 s
             socket.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            if self.keys is not None:
+                secure_dealer(socket, self.keys, dest)
             try:
                 socket.connect(self.endpoints[dest])
             except zmq.ZMQError as exc:
@@ -189,16 +201,25 @@ class Transport:
             self.messages_received += 1
             self.bytes_received += sum(len(f) for f in frames)
             try:
-                self._handler(identity.bytes, frames)
+                self._handler(self._authenticated(identity), frames)
             except ProtocolError as exc:
                 self.dropped[exc.reason] += 1
                 count = self.dropped[exc.reason]
                 if count <= _WARN_FIRST or count % 1000 == 0:
                     log.warning("peer %d dropped a message from %s (%s, %d so far): %s",
-                                self.rank, sender_name(identity.bytes), exc.reason, count, exc)
+                                self.rank, self._sender_name(identity), exc.reason, count, exc)
             # A ready message makes ``await recv`` return without yielding; yield so that a flood of
             # incoming messages cannot starve our own sends.
             await asyncio.sleep(0)
+
+    def _authenticated(self, identity: zmq.Frame) -> int | None:
+        """With CURVE, the rank whose key authenticated the connection (so a peer cannot claim another's
+        rank); without, None: nothing but the message's own header says who sent it."""
+        return None if self.keys is None else self.keys.rank_of(identity.get("User-Id") or "")
+
+    def _sender_name(self, identity: zmq.Frame) -> str:
+        rank = self._authenticated(identity)
+        return f"peer {rank}" if rank is not None else f"connection {identity.bytes.hex()}"
 
     def _note_failure(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -222,7 +243,3 @@ class _Outbox:
         self.queue = queue
         self.task: asyncio.Task[None] | None = None
 
-
-def sender_name(identity: bytes) -> str:
-    text = identity.decode("ascii", "replace")
-    return f"peer {text}" if text.isdigit() and len(text) < 8 else f"unknown sender {identity[:16]!r}"

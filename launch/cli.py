@@ -52,6 +52,7 @@ FLAGS: list[tuple[str, str, str]] = [
     ("--startup-timeout", "startup_timeout", "seconds a peer waits for its first neighbours to start"),
     ("--send-timeout", "send_timeout", "seconds a message may wait for a slow or absent receiver"),
     ("--shutdown-timeout", "shutdown_timeout", "seconds to deliver the last messages on exit"),
+    ("--secure", "secure", "KEYDIR from gossip-keys: CurveZMQ encryption, only allow-listed keys admitted"),
     ("--local-steps", "local_steps", "ps-avg: local steps between two averagings"),
     ("--staleness-lr", "staleness_lr", "ps-async/ps-ssp/ps-dcasgd: learning rate / max(1, staleness)"),
     ("--soft-sync", "soft_sync", "parameter server applies the mean once this many gradients arrived (1: each)"),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gossip.config import RunConfig
 from gossip.errors import ConfigError
+from gossip.security import load_keys
 from gossip.tasks import load_task
 from launch.procs import START_METHODS, start_peer, stop_all, warm_up_for_fork
 from launch.progress import Progress
@@ -104,6 +105,9 @@ def watch(procs: list, progress: Progress, out: Path) -> str | None:
 
 def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_METHODS[0], plot: bool = True) -> int:
     load_task(cfg.task)  # an unknown task fails here, in one line, not in N peers
+    if cfg.gossip.secure:  # so do missing keys
+        for rank in range(cfg.nodes + (1 if cfg.gossip.parameter_server else 0)):
+            load_keys(cfg.gossip.secure, rank, cfg.nodes)
     check_ports(cfg)
     out = prepare_out(cfg)
 

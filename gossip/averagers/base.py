@@ -18,6 +18,7 @@ from gossip.config import GossipConfig
 from gossip.flat import FlatParams
 from gossip.mailbox import Mailbox
 from gossip.metrics import SpeedMeter
+from gossip.security import CurveKeys, load_keys
 from gossip.transport import Transport
 from gossip.wire import Header, encode, params_header
 
@@ -45,7 +46,7 @@ class Averager(ABC):
         endpoints = [config.endpoint(r) for r in range(ranks)]
         self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
                                    queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
-                                   recv_queue=max(64, 4 * ranks))
+                                   recv_queue=max(64, 4 * ranks), keys=transport_keys(config, self.rank))
         self._closed = False
 
     @abstractmethod
@@ -134,6 +135,11 @@ class Averager(ABC):
 
     def _timed_wait(self) -> _Timer:
         return _Timer(self, "wait_seconds")
+
+
+def transport_keys(config: GossipConfig, rank: int) -> CurveKeys | None:
+    """This process's CurveZMQ keys when ``config.secure`` names a key directory."""
+    return load_keys(config.secure, rank, config.world_size) if config.secure else None
 
 
 class _Timer:

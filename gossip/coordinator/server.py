@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from gossip.averagers.base import transport_keys
 from gossip.config import RunConfig
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.modes import SENDS_WEIGHTS, build_core
@@ -48,7 +49,7 @@ class ParameterServer:
         endpoints = [self.config.endpoint(r) for r in range(self.workers + 1)]
         self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
                                    queue_depth=self.config.queue_depth, shutdown_timeout=self.config.shutdown_timeout,
-                                   recv_queue=max(64, 4 * self.workers))
+                                   recv_queue=max(64, 4 * self.workers), keys=transport_keys(self.config, self.rank))
         self.joined: set[int] = set()
         self.contributions = 0  # gradients (or weight sets) applied so far
         self.dropped: Counter[str] = Counter()  # implausible contributions (the transport counts the rest)

@@ -1,0 +1,116 @@
+"""CurveZMQ for every socket (``--secure KEYDIR``): encryption, and an allow-list of public keys.
+
+Part of the transport layer (with ``transport.py``, the only modules that import zmq). Key layout, as
+``gossip-keys KEYDIR --nodes N [--server]`` (or ``python -m gossip.security``) writes it::
+
+    KEYDIR/public/peer-0.key ... peer-<N-1>.key [server.key]      everyone's public key: the allow-list
+    KEYDIR/private/peer-0.key_secret ...                          each process needs only its own
+
+Every ROUTER is a CURVE server with its own key pair, and a ZAP authenticator admits only clients whose
+public key is in ``public/``; every DEALER is a CURVE client that knows the public key of the peer it
+dials, so it never talks to an impostor bound on that peer's address. A received message's ``User-Id`` is
+the sender's authenticated public key, which the transport maps back to its rank: a peer with a valid key
+cannot pose as another rank either. Copy ``public/`` and each host's own secret keys to every host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.asyncio import AsyncioAuthenticator
+
+from gossip.errors import ConfigError
+
+
+def key_name(rank: int, world_size: int) -> str:
+    """Whose key: ``peer-<rank>``, or ``server`` for the parameter server's rank (``world_size``)."""
+    return "server" if rank == world_size else f"peer-{rank}"
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    public: bytes
+    secret: bytes
+    peers: dict[int, bytes]  # rank -> public key, for every rank with a key in public/
+    public_dir: Path
+
+    def rank_of(self, user_id: str) -> int | None:
+        """The rank whose public key authenticated a connection (ZeroMQ's ``User-Id``), if any."""
+        key = user_id.encode()
+        return next((rank for rank, public in self.peers.items() if public == key), None)
+
+
+def load_keys(keydir: str | Path, rank: int, world_size: int) -> CurveKeys:
+    keydir = Path(keydir)
+    own = keydir / "private" / f"{key_name(rank, world_size)}.key_secret"
+    if not own.is_file():
+        raise ConfigError(f"no secret key {own}; create the keys with: gossip-keys {keydir} --nodes {world_size}"
+                          + (" --server" if rank == world_size else ""))
+    try:
+        public, secret = zmq.auth.load_certificate(own)
+        peers = {rank: zmq.auth.load_certificate(path)[0]
+                 for rank in range(world_size + 1)
+                 if (path := keydir / "public" / f"{key_name(rank, world_size)}.key").is_file()}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the keys in {keydir}: {exc}") from exc
+    return CurveKeys(public, secret, peers, keydir / "public")
+
+
+def generate_keys(keydir: str | Path, world_size: int, server: bool = False) -> list[str]:
+    """Create a key pair per peer (and the server): public keys in public/, secret keys in private/."""
+    keydir = Path(keydir)
+    public, private = keydir / "public", keydir / "private"
+    public.mkdir(parents=True, exist_ok=True)
+    private.mkdir(parents=True, exist_ok=True)
+    private.chmod(0o700)
+    names = [key_name(rank, world_size) for rank in range(world_size + (1 if server else 0))]
+    for name in names:
+        public_file, _ = zmq.auth.create_certificates(private, name)
+        shutil.move(public_file, public / f"{name}.key")
+    return names
+
+
+def secure_router(socket: zmq.Socket, keys: CurveKeys) -> None:
+    socket.curve_secretkey = keys.secret
+    socket.curve_publickey = keys.public
+    socket.curve_server = True
+
+
+def secure_dealer(socket: zmq.Socket, keys: CurveKeys, dest: int) -> None:
+    if dest not in keys.peers:
+        raise ConfigError(f"no public key for rank {dest} in {keys.public_dir}; every peer needs everyone's")
+    socket.curve_secretkey = keys.secret
+    socket.curve_publickey = keys.public
+    socket.curve_serverkey = keys.peers[dest]
+
+
+def start_authenticator(context: zmq.asyncio.Context, keys: CurveKeys) -> AsyncioAuthenticator:
+    """ZAP handler on the running loop: admit only the public keys in ``public/``."""
+    authenticator = AsyncioAuthenticator(context)
+    authenticator.start()
+    authenticator.configure_curve(domain="*", location=str(keys.public_dir))
+    return authenticator
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gossip-keys", description="Create CurveZMQ key pairs for --secure.")
+    parser.add_argument("keydir", help="directory to create public/ and private/ in")
+    parser.add_argument("--nodes", type=int, required=True, help="number of peers (or workers)")
+    parser.add_argument("--server", action="store_true", help="also a key pair for the parameter server")
+    args = parser.parse_args(argv)
+    if args.nodes < 1:
+        parser.error("--nodes must be >= 1")
+    names = generate_keys(args.keydir, args.nodes, args.server)
+    print(f"wrote {len(names)} key pairs to {args.keydir}: public/*.key (copy to every host), "
+          f"private/*.key_secret (each host needs only its own)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
