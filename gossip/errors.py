@@ -5,6 +5,7 @@
     ├── ProtocolError                                                      a malformed or hostile message
     ├── TaskError                                                          a task that cannot be built or run
     ├── Stopped                                                            SIGINT or SIGTERM asked us to stop
+    ├── CheckpointError                                                    a checkpoint not written or not readable
     └── TransportError                                                     the network failed us
         ├── PeerTimeout                                                    a named wait ran out
         └── PeerUnreachable                                                a socket could not bind/connect/send
@@ -40,6 +41,10 @@ class Stopped(GossipError):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class CheckpointError(GossipError):
+    """A checkpoint could not be written or read; the message says which file and why."""
 
 
 class ProtocolError(GossipError):

@@ -64,7 +64,7 @@ def peer_result(rank: int, events: list[dict[str, Any]]) -> dict[str, Any]:
             "test_loss": test.get("loss"), "test": test, "wall_seconds": end.get("wall_seconds"),
             "bytes_sent": end.get("bytes_sent"), "bytes_received": end.get("bytes_received"),
             "wait_seconds": end.get("wait_seconds"), "samples_per_second": end.get("speed"),
-            "staleness": end.get("staleness"), "dropped": end.get("dropped")}
+            "staleness": end.get("staleness"), "dropped": end.get("dropped"), "max_rss_mb": end.get("max_rss_mb")}
 
 
 def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True) -> dict[str, Any]:
@@ -147,6 +147,9 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
         server = summary["server"]
         lines.append(f"server updates           {server['updates']} (staleness histogram {server['staleness']})")
     lines.append(f"consensus distance       {summary['consensus_distance']:.3e}")
+    dropped = {p["rank"]: p["dropped"] for p in summary["peers"] if p.get("dropped")}
+    if dropped:
+        lines.append(f"dropped messages         {dropped} (by peer, by reason; see peer-<rank>.log)")
     lines.append(f"wall time                {summary['wall_seconds']:.1f} s")
     lines.append(f"bytes sent (all peers)   {summary['bytes_sent'] / 1e6:.1f} MB")
     lines.append(f"results                  {out}/ (summary.json, summary.png, peer-<rank>.jsonl, model-*.pt)")

@@ -9,6 +9,8 @@ forward/backward pass.
 from __future__ import annotations
 
 import logging
+import resource
+import sys
 import time
 from abc import ABC, abstractmethod
 from typing import Any
@@ -113,7 +115,7 @@ class Averager(ABC):
         self.close(finish=exc_type is None)
 
     def statistics(self) -> dict[str, Any]:
-        return {"step": self.local_step, "rounds": self.rounds, "samples": self.samples,
+        return {"step": self.local_step, "rounds": self.rounds, "samples": self.samples, "max_rss_mb": max_rss_mb(),
                 "speed": self.speed.samples_per_second, "step_seconds": self.speed.step_seconds,
                 "wait_seconds": self.wait_seconds, "mix_seconds": self.mix_seconds,
                 **self.transport.statistics()}
@@ -135,6 +137,12 @@ class Averager(ABC):
 
     def _timed_wait(self) -> _Timer:
         return _Timer(self, "wait_seconds")
+
+
+def max_rss_mb() -> float:
+    """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
 def transport_keys(config: GossipConfig, rank: int) -> CurveKeys | None:

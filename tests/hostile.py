@@ -1,0 +1,107 @@
+"""A hostile client: fires malformed, lying and replayed messages at a running peer's ROUTER.
+
+Used by tests/test_hostile.py (and runnable by hand: ``python -m tests.hostile tcp://127.0.0.1:47000``).
+Every kind below must be dropped by the peer's validation and counted under the reason named here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import msgpack
+import numpy as np
+import torch
+import zmq
+
+from gossip.flat import FlatParams
+from gossip.tasks import TaskContext, build_task
+from gossip.wire import DTYPES, Header, Layout, encode, params_header
+
+
+def _valid(layout: Layout, sender: int, round: int, fill: float = 0.0, chunk_bytes: int = 8 << 20) -> list:
+    header = params_header("params", sender, layout, chunk_bytes, round=round, step=round)
+    chunks = [torch.full((stop - start,), fill, dtype=DTYPES[layout.dtypes[seg]])
+              for seg, start, stop in layout.frame_plan(chunk_bytes)]
+    return encode(header, chunks)
+
+
+def _with_header(frames: list, **changes) -> list:
+    fields = msgpack.unpackb(frames[0])
+    fields.update(changes)
+    return [msgpack.packb(fields), *frames[1:]]
+
+
+def kinds(layout: Layout, world_size: int, rng: random.Random) -> dict[str, Callable[[], list]]:
+    """Message factories by the drop reason the victim must count for them."""
+    def lying_lengths() -> list:
+        frames = _valid(layout, 1, 0)
+        segments = [[dtype, nbytes + 8] for dtype, nbytes in msgpack.unpackb(frames[0])["seg"]]
+        return _with_header(frames, seg=segments)
+
+    def short_frame() -> list:
+        frames = _valid(layout, 1, 0)
+        return [frames[0], bytes(frames[1])[:-4], *frames[2:]]
+
+    def wrong_dtype(name: str) -> Callable[[], list]:
+        return lambda: _with_header(_valid(layout, 1, 0), seg=[[name, n] for _, n in msgpack.unpackb(
+            _valid(layout, 1, 0)[0])["seg"]])
+
+    return {
+        "header": lambda: [rng.randbytes(rng.randrange(1, 300))],
+        "frames": lambda: _valid(layout, 1, 0)[:1],  # a truncated multipart message: the payload is missing
+        "fingerprint": lambda: _with_header(_valid(layout, 1, 0), fp="0123456789abcdef"),
+        "layout": lying_lengths,
+        "length": short_frame,
+        "dtype": wrong_dtype("int32"),
+        "non-finite": lambda: _valid(layout, 1, 0, fill=rng.choice([math.nan, math.inf, -math.inf])),
+        "sender": lambda: _with_header(_valid(layout, 1, 0), r=world_size + rng.randrange(1, 100)),
+        "kind": lambda: _with_header(_valid(layout, 1, 0), k="gimme"),
+        "version": lambda: _with_header(_valid(layout, 1, 0), v=99),
+        "stale-round": lambda: _valid(layout, 1, 0),  # a replay of round 0 long after it ended
+    }
+
+
+def victim_layout(task: str = "digits", world_size: int = 4) -> Layout:
+    return FlatParams(build_task(task, TaskContext(0, world_size, 0)).model, 8 << 20).layout
+
+
+def attack(endpoint: str, layout: Layout, world_size: int, count: int, seed: int = 0) -> Counter[str]:
+    """Send ``count`` hostile messages, cycling through every kind; returns how many of each were sent."""
+    rng = random.Random(seed)
+    factories = kinds(layout, world_size, rng)
+    sent: Counter[str] = Counter()
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDHWM, 1000)
+    socket.connect(endpoint)
+    try:
+        for reason in _cycle(list(factories), count, np.random.default_rng(seed)):
+            socket.send_multipart(factories[reason]())
+            sent[reason] += 1
+    finally:
+        socket.close(linger=2000)
+        context.term()
+    return sent
+
+
+def _cycle(names: list[str], count: int, rng: np.random.Generator) -> Iterator[str]:
+    for index in rng.permutation(count):
+        yield names[index % len(names)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("endpoint")
+    parser.add_argument("--count", type=int, default=10_000)
+    parser.add_argument("--nodes", type=int, default=4)
+    args = parser.parse_args()
+    print(dict(attack(args.endpoint, victim_layout(world_size=args.nodes), args.nodes, args.count)))
+
+
+if __name__ == "__main__":
+    main()
