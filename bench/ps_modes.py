@@ -35,7 +35,7 @@ VARIANTS = {  # name -> launcher flags; every asynchronous variant applies each 
     "ASGD, staleness lr": ["--mode", "ps-async", "--staleness-lr"],
     "SSP (bound 2)": ["--mode", "ps-ssp", "--staleness-bound", "2"],
     "DC-ASGD-c": ["--mode", "ps-dcasgd", "--dc-lambda", "0.04"],
-    "DC-ASGD-a": ["--mode", "ps-dcasgd", "--dc-adaptive", "--dc-lambda", "2", "--dc-momentum", "0.95"],
+    "DC-ASGD-a": ["--mode", "ps-dcasgd", "--dc-adaptive", "--dc-momentum", "0.95"],  # lambda0: --dc-lambda0
 }
 
 
@@ -64,7 +64,7 @@ def run(variant: str, workers: int, seed: int, args: argparse.Namespace, out: Pa
                "--lr", str(args.lr), "--momentum", "0", "--batch-size", str(args.batch_size), "--seed", str(seed),
                "--compute-ms", str(args.compute_ms), *(["--speeds", speeds(nodes)] if args.heterogeneous else []), "--eval-every", str(args.eval_every),
                "--out", str(out), "--base-port", str(free_base_port(nodes + 1)), "--progress", "off", "--no-plot",
-               *VARIANTS[variant]]
+               *VARIANTS[variant], *(["--dc-lambda", str(args.dc_lambda0)] if variant == "DC-ASGD-a" else [])]
     shutil.rmtree(out, ignore_errors=True)  # this script's own earlier output
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     if proc.returncode != 0:
@@ -112,6 +112,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.3, help="high enough that stale gradients hurt")
     parser.add_argument("--compute-ms", type=float, default=5.0)
     parser.add_argument("--eval-every", type=int, default=10, help="server updates between evaluations")
+    parser.add_argument("--dc-lambda0", type=float, default=2.0, help="lambda0 of DC-ASGD-a (the paper's 2)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="a comma-separated subset of the modes")
     parser.add_argument("--heterogeneous", action="store_true",
                         help="speeds spread from 1 to 0.3 (default: equal speeds, as in the paper, where "
                              "staleness comes from asynchrony alone)")
@@ -120,7 +122,7 @@ def main() -> None:
     results: dict[int, dict[str, list[dict]]] = {}
     for workers in map(int, args.workers.split(",")):
         results[workers] = {}
-        for variant in VARIANTS:
+        for variant in args.variants.split(","):
             results[workers][variant] = [
                 run(variant, workers, seed, args, args.out / f"{args.task}-n{workers}-{variant.split()[0]}-s{seed}")
                 for seed in map(int, args.seeds.split(","))]
@@ -141,6 +143,8 @@ def main() -> None:
                   f"{median(rows, 'late_error'):.4f} | {median(rows, 'loss'):.4f} |")
     print(f"(medians over {seeds} seeds; 'last quarter' is the mean of the evaluations in the last 25% of samples)")
     for workers, by_variant in results.items():
+        if not {"sequential SGD", "ASGD", "DC-ASGD-a"} <= by_variant.keys():
+            continue
         for key in ("error", "late_error"):
             sgd, asgd, dca = (median(by_variant[v], key) for v in ("sequential SGD", "ASGD", "DC-ASGD-a"))
             if asgd > sgd:

@@ -109,6 +109,8 @@ class CoordinatorConfig:
     dc_adaptive: bool = False  # DC-ASGD-a: lambda_t = lambda0 / sqrt(mean square of g + epsilon)
     dc_momentum: float = 0.95  # DC-ASGD-a: m in MS <- m MS + (1 - m) g*g
     dc_epsilon: float = 1e-7  # DC-ASGD-a: epsilon under the square root
+    missing_worker: str = "fail"  # a worker silent for --round-timeout: "fail" naming it, or "continue" without it
+    server_retries: int = 5  # a worker re-joins a silent server this many times (with back-off) before failing
 
     def __post_init__(self) -> None:
         _check_int(self, "local_steps", minimum=1)
@@ -122,6 +124,9 @@ class CoordinatorConfig:
         if not (_is_real(self.dc_momentum) and 0 <= self.dc_momentum < 1):
             raise ConfigError(f"--dc-momentum must be in [0, 1), got {self.dc_momentum!r}")
         _check_positive(self, "dc_epsilon")
+        _check_int(self, "server_retries", minimum=0)
+        if self.missing_worker not in ("fail", "continue"):
+            raise ConfigError(f"--missing-worker must be fail or continue, got {self.missing_worker!r}")
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,9 @@ class RunConfig:
     eval_every: int = 25  # steps between test-set evaluations (0: only at the end)
     log_every: int = 1  # steps between two step events in peer-<rank>.jsonl
     trace_coords: int = 65536  # coordinates sampled per peer for the consensus-distance trace
+    checkpoint_every: int = 0  # steps between a peer's checkpoints (the server: updates); 0 = never
+    max_restarts: int = 0  # the launcher restarts a process that died, with --resume, this many times
+    keep_going: bool = False  # a peer that died for good does not stop the others (the server always does)
     # sized like the default run, so that RunConfig() is valid; other sizes pass their own GossipConfig
     gossip: GossipConfig = field(default_factory=lambda: GossipConfig(world_size=DEFAULT_NODES))
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
@@ -155,6 +163,8 @@ class RunConfig:
         _check_int(self, "eval_every", minimum=0)
         _check_int(self, "log_every", minimum=1)
         _check_int(self, "trace_coords", minimum=1)
+        _check_int(self, "checkpoint_every", minimum=0)
+        _check_int(self, "max_restarts", minimum=0)
         _check_positive(self, "lr")
         if not (_is_real(self.momentum) and 0 <= self.momentum < 1):
             raise ConfigError(f"--momentum {self.momentum} must be in [0, 1)")

@@ -178,29 +178,47 @@ class QueueMailbox(Mailbox):
 
 
 class ReplyMailbox(Mailbox):
-    """A parameter-server worker's: the newest weights the server sent."""
+    """A parameter-server worker's: the newest weights the server sent, and whether it acknowledged a
+    hello (it is alive and still has our contribution) since we last looked."""
 
     accepts = frozenset({"hello", "weights"})
 
     def __init__(self, rank: int, world_size: int, layout: Layout, server: int) -> None:
         super().__init__(rank, world_size, layout, lambda sender, round: sender == server)
         self.server = server
+        self.expected_step = 0  # the step of our last request: older answers are stale
         self._weights: Message | None = None
+        self._acknowledged = False
+
+    def expect(self, step: int) -> None:
+        """We are about to ask again at ``step``: forget what answered earlier requests."""
+        with self._cond:
+            self.expected_step = step
+            self._weights, self._acknowledged = None, False
 
     def _file(self, message: Message) -> None:
         if message.header.sender != self.server:
             raise ProtocolError("sender", f"peer {message.header.sender} is not our server")
+        if message.header.step < self.expected_step:
+            raise ProtocolError("stale-reply", f"an answer to our step {message.header.step}; we are at step "
+                                               f"{self.expected_step}")
         if message.header.kind == "weights":
             self._weights = message
+        else:
+            self._acknowledged = True
 
-    def wait_weights(self, timeout: float) -> Message:
-        """Take the newest weights, waiting up to ``timeout`` seconds for the server's next reply."""
-        missing = self._wait(lambda: set() if self._weights is not None else {self.server}, timeout)
-        if missing:
+    def wait_weights(self, timeout: float, accept_ack: bool = False) -> Message | None:
+        """Take the newest weights, waiting up to ``timeout`` seconds for the server's next reply. With
+        ``accept_ack``, an acknowledged hello also ends the wait, returning None."""
+        def missing() -> set[int]:
+            return set() if self._weights is not None or (accept_ack and self._acknowledged) else {self.server}
+
+        if self._wait(missing, timeout):
             raise PeerTimeout(f"worker {self.rank} waited {timeout:g} s for the parameter server's weights "
                               "(--round-timeout); is the server running?")
         with self._cond:
             message, self._weights = self._weights, None
+            self._acknowledged = False
             return message
 
 

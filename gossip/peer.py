@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     role = parser.add_mutually_exclusive_group(required=True)
     role.add_argument("--rank", type=int, help="run worker/peer RANK")
     role.add_argument("--server", action="store_true", help="run the parameter server (ps-* modes)")
+    parser.add_argument("--resume", action="store_true", help="continue from this process's last checkpoint")
     args = parser.parse_args(argv)
     name = "server" if args.server else f"peer {args.rank}"
     if os.environ.get("GOSSIP_LAUNCHER_PID") == str(os.getppid()):
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.server:
             from gossip.coordinator.server import run_server
 
-            run_server(cfg, args.config.parent)
+            run_server(cfg, args.config.parent, resume=args.resume)
         else:
             run(cfg, args.config.parent)
     except Stopped as exc:

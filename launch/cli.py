@@ -61,6 +61,12 @@ FLAGS: list[tuple[str, str, str]] = [
     ("--dc-adaptive", "dc_adaptive", "ps-dcasgd: DC-ASGD-a, lambda / sqrt(mean square of g + epsilon)"),
     ("--dc-momentum", "dc_momentum", "ps-dcasgd with --dc-adaptive: m of the mean square of g"),
     ("--dc-epsilon", "dc_epsilon", "ps-dcasgd with --dc-adaptive: epsilon under the square root"),
+    ("--missing-worker", "missing_worker", "parameter server, a worker silent for --round-timeout: fail, or "
+                                           "continue without it"),
+    ("--server-retries", "server_retries", "a worker re-joins a silent parameter server this many times"),
+    ("--checkpoint-every", "checkpoint_every", "steps between checkpoints (server: updates); 0 = none"),
+    ("--max-restarts", "max_restarts", "restart a process that died, with --resume, up to this many times each"),
+    ("--keep-going", "keep_going", "a peer that died for good does not stop the others"),
 ]
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
+from typing import Any
 import signal
 import socket
 import sys
@@ -58,25 +60,38 @@ def check_ports(cfg: RunConfig) -> None:
                                   f"choose another --base-port") from exc
 
 
-def spawn(cfg: RunConfig, out: Path, method: str) -> list:
+@dataclass
+class Member:
+    """One process of the run, and how to start it again."""
+
+    name: str  # "peer 3", or "server"
+    argv: list[str]
+    log: Path
+    proc: Any = None
+    restarts: int = 0
+    given_up: bool = False  # died for good, and --keep-going lets the others finish
+
+
+def spawn(cfg: RunConfig, out: Path, method: str, env: dict[str, str]) -> list[Member]:
     """Start the peers (and, in the ps-* modes, the server last, as rank ``nodes``)."""
-    env = {"GOSSIP_LAUNCHER_PID": str(os.getpid()), "OMP_NUM_THREADS": str(cfg.threads_per_peer),
-           "PYTHONUNBUFFERED": "1"}
     config = str(out / "config.json")
     if method == "fork":
         warm_up_for_fork()
-    # the server starts first, so that workers find it bound; it still comes last in the lists
-    server = start_peer(method, [config, "--server"], out / "server.log", env) if cfg.gossip.parameter_server else None
-    procs = [start_peer(method, [config, "--rank", str(rank)], out / f"peer-{rank}.log", env)
-             for rank in range(cfg.nodes)]
-    peers = [{"rank": r, "role": "worker" if server else "peer", "pid": p.pid, "endpoint": cfg.gossip.endpoint(r)}
-             for r, p in enumerate(procs)]
-    if server:
-        procs.append(server)
-        peers.append({"rank": cfg.nodes, "role": "server", "pid": server.pid,
-                      "endpoint": cfg.gossip.endpoint(cfg.gossip.server_rank)})
+    members = [Member(f"peer {rank}", [config, "--rank", str(rank)], out / f"peer-{rank}.log")
+               for rank in range(cfg.nodes)]
+    if cfg.gossip.parameter_server:
+        members.append(Member("server", [config, "--server"], out / "server.log"))
+    for member in sorted(members, key=lambda m: m.name != "server"):  # the server first: workers find it bound
+        member.proc = start_peer(method, member.argv, member.log, env)
+    write_peers(cfg, out, members)
+    return members
+
+
+def write_peers(cfg: RunConfig, out: Path, members: list[Member]) -> None:
+    role = "worker" if cfg.gossip.parameter_server else "peer"
+    peers = [{"rank": r, "role": "server" if m.name == "server" else role, "pid": m.proc.pid,
+              "endpoint": cfg.gossip.endpoint(r)} for r, m in enumerate(members)]
     (out / "peers.json").write_text(json.dumps(peers, indent=2))
-    return procs
 
 
 def last_error_line(log_path: Path) -> str:
@@ -87,18 +102,26 @@ def last_error_line(log_path: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def watch(procs: list, progress: Progress, out: Path) -> str | None:
-    """Wait for every peer; returns None on success, else the failure to report."""
+def watch(cfg: RunConfig, members: list[Member], progress: Progress, out: Path, restart) -> str | None:
+    """Wait for every process; restart a dead one with ``--resume`` while ``--max-restarts`` allows.
+    Returns None on success, else the failure to report."""
     while True:
         progress.update()
-        codes = [p.poll() for p in procs]
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            rank, code = failed[0]
-            name, log = ("server", out / "server.log") if rank == len(progress.peers) else \
-                (f"peer {rank}", out / f"peer-{rank}.log")
-            return f"{name} failed (exit {code}): {last_error_line(log)} [full log: {log}]"
-        if all(c == 0 for c in codes):
+        for member in members:
+            code = member.proc.poll()
+            if code in (None, 0) or member.given_up:
+                continue
+            reason = f"{member.name} failed (exit {code}): {last_error_line(member.log)}"
+            if restart(member):
+                print(f"gossip-launch: {reason}; restarted it with --resume ({member.restarts} of "
+                      f"{cfg.max_restarts})", file=sys.stderr, flush=True)
+                write_peers(cfg, out, members)
+            elif cfg.keep_going and member.name != "server":
+                member.given_up = True
+                print(f"gossip-launch: {reason}; going on without it (--keep-going)", file=sys.stderr, flush=True)
+            else:
+                return f"{reason} [full log: {member.log}]"
+        if all(m.given_up or m.proc.poll() == 0 for m in members):
             return None
         time.sleep(POLL_SECONDS)
 
@@ -115,19 +138,29 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
         raise Interrupted(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    procs: list = []
+    members: list[Member] = []
+    env = {"GOSSIP_LAUNCHER_PID": str(os.getpid()), "OMP_NUM_THREADS": str(cfg.threads_per_peer),
+           "PYTHONUNBUFFERED": "1"}
+
+    def restart(member: Member) -> bool:
+        if member.restarts >= cfg.max_restarts:
+            return False
+        member.restarts += 1
+        member.proc = start_peer(start_method, [*member.argv, "--resume"], member.log, env, append=True)
+        return True
+
     started = time.time()
     try:
-        procs = spawn(cfg, out, start_method)
+        members = spawn(cfg, out, start_method, env)
         with Progress(out, cfg.nodes, cfg.steps, progress) as display:
-            failure = watch(procs, display, out)
+            failure = watch(cfg, members, display, out, restart)
     except Interrupted as exc:
-        print(f"\ngossip-launch: {exc}, stopping {len(procs)} peers...", file=sys.stderr)
-        stop_all(procs, cfg.gossip.shutdown_timeout)
+        print(f"\ngossip-launch: {exc}, stopping {len(members)} peers...", file=sys.stderr)
+        stop_all([m.proc for m in members], cfg.gossip.shutdown_timeout)
         print(f"gossip-launch: stopped; partial results in {out}", file=sys.stderr)
         return 128 + exc.signum
     finally:
-        stop_all(procs, cfg.gossip.shutdown_timeout)
+        stop_all([m.proc for m in members], cfg.gossip.shutdown_timeout)
         for s, handler in previous.items():
             signal.signal(s, handler)
     if failure:
@@ -135,5 +168,6 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
         return 1
     from launch.summary import summarise
 
-    summarise(cfg, out, wall_seconds=time.time() - started, plot=plot)
+    failed = [m.name for m in members if m.given_up]
+    summarise(cfg, out, wall_seconds=time.time() - started, plot=plot, failed=failed)
     return 0

@@ -40,12 +40,12 @@ def warm_up_for_fork() -> None:
 class ForkedPeer:
     """A forked peer with the part of ``subprocess.Popen``'s interface the launcher uses."""
 
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str], append: bool = False) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # the child never returns from here
-            _run_forked_peer(argv, log_path, env)
+            _run_forked_peer(argv, log_path, env, append)
         self.pid = pid
         self.returncode: int | None = None
 
@@ -72,11 +72,11 @@ class ForkedPeer:
         self.send_signal(signal.SIGKILL)
 
 
-def _run_forked_peer(argv: list[str], log_path: Path, env: dict[str, str]) -> None:
+def _run_forked_peer(argv: list[str], log_path: Path, env: dict[str, str], append: bool) -> None:
     code = 1
     try:
         os.setsid()
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
         null_fd = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null_fd, 0)
         os.dup2(log_fd, 1)
@@ -95,11 +95,11 @@ def _run_forked_peer(argv: list[str], log_path: Path, env: dict[str, str]) -> No
         os._exit(code)
 
 
-def start_peer(method: str, argv: list[str], log_path: Path, env: dict[str, str]):
+def start_peer(method: str, argv: list[str], log_path: Path, env: dict[str, str], append: bool = False):
     """Start ``gossip.peer`` with ``argv`` (the config path, then ``--rank R`` or ``--server``)."""
     if method == "fork":
-        return ForkedPeer(argv, log_path, env)
-    with open(log_path, "wb") as log_file:
+        return ForkedPeer(argv, log_path, env, append)
+    with open(log_path, "ab" if append else "wb") as log_file:
         return subprocess.Popen([sys.executable, "-m", "gossip.peer", *argv],
                                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                 env={**os.environ, **env}, start_new_session=True)

@@ -38,11 +38,11 @@ def flat_vector(state: dict[str, torch.Tensor]) -> np.ndarray:
     return torch.cat([t.reshape(-1).to(torch.float64) for t in state.values() if t.is_floating_point()]).numpy()
 
 
-def consensus_trace(out: Path, nodes: int, numel: int) -> tuple[list[dict[str, float]], float]:
+def consensus_trace(out: Path, ranks: list[int], numel: int) -> tuple[list[dict[str, float]], float]:
     """Distance per round from the sampled traces (scaled up when coordinates were sampled), and the
     largest drift of the mean from its starting value, over the rounds every peer recorded."""
     traces = []
-    for rank in range(nodes):
+    for rank in ranks:
         with np.load(out / f"trace-{rank}.npz") as data:  # an NpzFile re-reads an array on every access
             traces.append({int(r): row for r, row in zip(data["rounds"], data["values"])})
     common = sorted(set.intersection(*(set(t) for t in traces)))
@@ -67,12 +67,16 @@ def peer_result(rank: int, events: list[dict[str, Any]]) -> dict[str, Any]:
             "staleness": end.get("staleness"), "dropped": end.get("dropped"), "max_rss_mb": end.get("max_rss_mb")}
 
 
-def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True) -> dict[str, Any]:
+def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
+              failed: list[str] | None = None) -> dict[str, Any]:
+    """``failed`` names the processes that died for good (``--keep-going``): they are left out of the
+    averages, the consensus distance and ``model-final.pt``."""
     events = [read_events(out / f"peer-{rank}.jsonl") for rank in range(cfg.nodes)]
     peers = [peer_result(rank, ev) for rank, ev in enumerate(events)]
-    states = [torch.load(out / f"model-{rank}.pt", weights_only=True) for rank in range(cfg.nodes)]
+    finished = [rank for rank in range(cfg.nodes) if (out / f"model-{rank}.pt").exists()]
+    states = [torch.load(out / f"model-{rank}.pt", weights_only=True) for rank in finished]
     vectors = np.stack([flat_vector(s) for s in states])
-    trace, drift = consensus_trace(out, cfg.nodes, vectors.shape[1])
+    trace, drift = consensus_trace(out, finished, vectors.shape[1])
     server = server_result(out) if cfg.gossip.parameter_server else None
     final_metrics = server.get("test", {}) if server else evaluate_average(cfg, states, out)
     accuracies = [p["test_accuracy"] for p in peers if p["test_accuracy"] is not None]
@@ -82,7 +86,7 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True)
         "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
         "final_model": final_metrics, "consensus_distance": consensus_distance(vectors),
         "consensus_trace": trace, "mean_drift": drift, "spectral": spectral(cfg),
-        "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers),
+        "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers), "failed": failed or [],
     }
     if server:
         summary["server"] = server
@@ -150,6 +154,8 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
     dropped = {p["rank"]: p["dropped"] for p in summary["peers"] if p.get("dropped")}
     if dropped:
         lines.append(f"dropped messages         {dropped} (by peer, by reason; see peer-<rank>.log)")
+    if summary["failed"]:
+        lines.append(f"died and left out        {', '.join(summary['failed'])}")
     lines.append(f"wall time                {summary['wall_seconds']:.1f} s")
     lines.append(f"bytes sent (all peers)   {summary['bytes_sent'] / 1e6:.1f} MB")
     lines.append(f"results                  {out}/ (summary.json, summary.png, peer-<rank>.jsonl, model-*.pt)")

@@ -78,3 +78,24 @@ def ordered_digits(ctx: TaskContext) -> Task:
         return F.cross_entropy(model(x_train[index]), y_train[index])
 
     return Task(model, loss, evaluator(model, x_test, y_test), optimizer, samples_per_step=ctx.batch_size)
+
+
+def worker_1_dies(ctx: TaskContext) -> Task:
+    """Digits, except that worker 1 exits abruptly (as if killed) at its 30th step."""
+    import os
+
+    task = make_digits(ctx)
+    if ctx.rank != 1:
+        return task
+    steps = 0
+    inner = task.loss
+
+    def loss() -> torch.Tensor:
+        nonlocal steps
+        steps += 1
+        if steps == 30:
+            os._exit(9)
+        return inner()
+
+    task.loss = loss
+    return task

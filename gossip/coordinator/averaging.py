@@ -20,3 +20,9 @@ class ParameterAverage:
 
     def sent(self, worker: int) -> None:
         """Nothing to remember per worker."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing but the weights, which the server's checkpoint holds."""

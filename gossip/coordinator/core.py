@@ -38,6 +38,11 @@ class Update(Protocol):
     def sent(self, worker: int) -> None:
         """The current weights are being sent to ``worker`` (DC-ASGD backs them up)."""
 
+    def state_dict(self) -> dict:
+        """What a checkpoint must hold besides the weights (optimizer state, DC-ASGD backups)."""
+
+    def load_state_dict(self, state: dict) -> None: ...
+
 
 @dataclass
 class Applied:
@@ -58,28 +63,38 @@ class ServerCore:
     pending: list[Contribution] = field(default_factory=list)
     held: set[int] = field(default_factory=set)  # workers owed a reply that SSP holds back
     staleness: Counter[int] = field(default_factory=Counter)
-    applied: list[Applied] = field(default_factory=list)  # the history, for logs and tests
+    updates: int = 0
+    applied: list[Applied] = field(default_factory=list)  # what the last submit() or leave() applied
 
     def __post_init__(self) -> None:
         self.clocks = [0] * self.workers
         self.active = set(range(self.workers))
 
-    def join(self, worker: int) -> list[int]:
-        """A worker said hello: it gets the current weights at once."""
+    def join(self, worker: int, clock: int = 0) -> list[int]:
+        """A worker said hello at ``clock`` (first, or again after it or we restarted): it counts as
+        active again, anything it had waiting is forgotten, and it gets the current weights at once."""
+        self.active.add(worker)
+        self.clocks[worker] = clock
+        self.pending = [c for c in self.pending if c.worker != worker]
+        self.held.discard(worker)
         self.update.sent(worker)
         return [worker]
 
     def submit(self, contribution: Contribution) -> list[int]:
         """File one contribution; returns the workers to send the current weights to now."""
+        self.applied = []
         self.clocks[contribution.worker] = contribution.clock
         self.pending.append(contribution)
         due = self._apply_if_full()
         return self._release(due)
 
     def leave(self, worker: int) -> list[int]:
-        """A worker finished: it no longer counts toward batches or holds back faster workers."""
+        """A worker finished (or was given up on): it no longer counts toward batches or holds back
+        faster workers; what it had waiting is dropped."""
+        self.applied = []
         self.active.discard(worker)
         self.held.discard(worker)
+        self.pending = [c for c in self.pending if c.worker != worker]
         return self._release(self._apply_if_full())
 
     def _apply_if_full(self) -> list[int]:
@@ -90,6 +105,7 @@ class ServerCore:
         taus = [self.version - c.version for c in batch]
         self.update.apply(batch, taus)
         self.version += 1
+        self.updates += 1
         self.staleness.update(taus)
         self.applied.append(Applied(self.version, [c.worker for c in batch], taus))
         return [c.worker for c in batch]
@@ -107,6 +123,18 @@ class ServerCore:
             return True
         slowest = min(self.clocks[w] for w in self.active)
         return self.clocks[worker] - slowest <= self.staleness_bound
+
+    def state_dict(self) -> dict:
+        return {"version": self.version, "updates": self.updates, "clocks": list(self.clocks),
+                "active": sorted(self.active), "staleness": dict(self.staleness), "update": self.update.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume after a restart; contributions that were pending are gone (their workers re-join)."""
+        self.version, self.updates = state["version"], state["updates"]
+        self.clocks, self.active = list(state["clocks"]), set(state["active"])
+        self.staleness = Counter(state["staleness"])
+        self.pending, self.held = [], set()
+        self.update.load_state_dict(state["update"])
 
     def lead(self, worker: int) -> int:
         """How many steps ``worker`` is ahead of the slowest active worker (0 when it is the slowest)."""

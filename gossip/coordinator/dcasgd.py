@@ -34,6 +34,14 @@ class DelayCompensation:
         else:
             self.backups[worker] = [live.clone() for live in self.weights]
 
+    def state_dict(self) -> dict:
+        return {"backups": self.backups, "mean_square": self.mean_square}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.backups = {int(worker): [t.clone() for t in saved] for worker, saved in state["backups"].items()}
+        for live, saved in zip(self.mean_square, state["mean_square"]):
+            live.copy_(saved)
+
     def compensate(self, worker: int, gradient: list[torch.Tensor]) -> list[torch.Tensor]:
         """g~ for ``gradient`` from ``worker``, as new tensors (the received ones are read-only views)."""
         if self.lam == 0.0 and not self.adaptive:

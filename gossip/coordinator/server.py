@@ -19,20 +19,22 @@ from gossip.averagers.base import transport_keys
 from gossip.config import RunConfig
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.modes import SENDS_WEIGHTS, build_core
-from gossip.errors import GossipError, PeerTimeout, Stopped
+from gossip import checkpoint
+from gossip.errors import CheckpointError, GossipError, PeerTimeout, Stopped
 from gossip.flat import FlatParams
 from gossip.mailbox import QueueMailbox
 from gossip.metrics import EventLog
 from gossip.tasks import TaskContext, build_task
 from gossip.transport import Transport
-from gossip.wire import Message, encode, params_header
+from gossip.wire import Header, Message, encode, params_header
 
 log = logging.getLogger("gossip.server")
 
 
 class ParameterServer:
-    def __init__(self, cfg: RunConfig, events: EventLog) -> None:
+    def __init__(self, cfg: RunConfig, out: Path, events: EventLog) -> None:
         self.cfg = cfg
+        self.out = out
         self.config = cfg.gossip
         self.events = events
         self.workers = cfg.nodes
@@ -51,38 +53,70 @@ class ParameterServer:
                                    queue_depth=self.config.queue_depth, shutdown_timeout=self.config.shutdown_timeout,
                                    recv_queue=max(64, 4 * self.workers), keys=transport_keys(self.config, self.rank))
         self.joined: set[int] = set()
+        self.started = time.monotonic()
+        self.last_heard: dict[int, float] = {}  # worker -> its last message, or our last answer to it
         self.contributions = 0  # gradients (or weight sets) applied so far
         self.dropped: Counter[str] = Counter()  # implausible contributions (the transport counts the rest)
 
     def serve(self) -> None:
         """Answer workers until every one has said bye."""
         self.transport.start()
-        self.events.write("ready", endpoint=self.config.endpoint(self.rank), mode=self.config.mode)
+        self.events.write("ready", endpoint=self.config.endpoint(self.rank), mode=self.config.mode,
+                          version=self.core.version)
         while self.core.active:
-            message = self.mailbox.get(self._wait_seconds())
-            if message is None:
-                raise PeerTimeout(self._silence())
-            self._handle(message)
+            message = self.mailbox.get(min(1.0, self._wait_seconds()))
+            if message is not None:
+                self.last_heard[message.header.sender] = time.monotonic()
+                self._handle(message)
+            self._check_silent()
 
     def _handle(self, message: Message) -> None:
         header = message.header
         worker = header.sender
-        if header.kind == "hello":
+        if header.kind == "hello" and self._holds_contribution_of(worker):
+            self._acknowledge(worker)  # it only asks whether we are alive
+        elif header.kind == "hello":
             self.joined.add(worker)
-            self._reply(self.core.join(worker))
+            self._reply(self.core.join(worker, header.step))
         elif header.kind == "bye":
             self._reply(self.core.leave(worker))
         elif self._plausible(message):
-            before = len(self.core.applied)
-            due = self.core.submit(Contribution(worker, header.round, header.step, message.chunks, header.samples))
-            for applied in self.core.applied[before:]:
-                self.contributions += len(applied.workers)
-                self.events.write("update", version=applied.version, workers=applied.workers,
-                                  staleness=applied.staleness, active=len(self.core.active))
-                if self.cfg.eval_every and applied.version % self.cfg.eval_every == 0:
-                    self.events.write("eval", version=applied.version, contributions=self.contributions,
-                                      **self.task.evaluate())
-            self._reply(due)
+            self._reply(self.core.submit(Contribution(worker, header.round, header.step, message.chunks,
+                                                      header.samples)))
+
+    def _holds_contribution_of(self, worker: int) -> bool:
+        return worker in self.core.held or any(c.worker == worker for c in self.core.pending)
+
+    def _acknowledge(self, worker: int) -> None:
+        ack = encode(Header(kind="hello", sender=self.rank, round=self.core.version, step=self.core.clocks[worker]))
+        self.transport.post([worker], ack, latest_only=False, timeout=self.config.send_timeout)
+
+    def _check_silent(self) -> None:
+        """Workers we wait for that sent nothing for a whole timeout: fail naming them, or (``--missing-worker
+        continue``) give up on them and go on with the others, as soft synchronisation does."""
+        now, limit = time.monotonic(), self._wait_seconds()
+        silent = [w for w in self._waiting_on() if now - self.last_heard.get(w, self.started) > limit]
+        if not silent:
+            return
+        if self.cfg.coordinator.missing_worker == "fail" or len(self.joined) < self.workers:
+            raise PeerTimeout(self._silence(silent))
+        for worker in silent:
+            log.warning("server: worker %d sent nothing for %.0f s; going on without it", worker,
+                        self.config.round_timeout)
+            self.events.write("gone", worker=worker, version=self.core.version)
+            self._reply(self.core.leave(worker))
+
+    def _log_applied(self) -> None:
+        for applied in self.core.applied:
+            self.contributions += len(applied.workers)
+            self.events.write("update", version=applied.version, workers=applied.workers,
+                              staleness=applied.staleness, active=len(self.core.active))
+            if self.cfg.eval_every and applied.version % self.cfg.eval_every == 0:
+                self.events.write("eval", version=applied.version, contributions=self.contributions,
+                                  **self.task.evaluate())
+            if self.cfg.checkpoint_every and applied.version % self.cfg.checkpoint_every == 0:
+                self.save_checkpoint()
+        self.core.applied = []
 
     def _plausible(self, message: Message) -> bool:
         """A worker waits for our answer before its next contribution, and cannot have computed on a
@@ -99,36 +133,69 @@ class ParameterServer:
         return False
 
     def _reply(self, workers: list[int]) -> None:
+        self._log_applied()
         if not workers:
             return
-        header = params_header("weights", self.rank, self.flat.layout, self.flat.chunk_bytes, round=self.core.version)
-        frames = encode(header, self.flat.snapshot())
-        for worker in workers:
-            self.events.write("reply", worker=worker, version=self.core.version, clock=self.core.clocks[worker],
+        snapshot, now = self.flat.snapshot(), time.monotonic()
+        for worker in workers:  # one copy of the weights; each header names the step it answers
+            clock = self.core.clocks[worker]
+            header = params_header("weights", self.rank, self.flat.layout, self.flat.chunk_bytes,
+                                   round=self.core.version, step=clock)
+            self.last_heard[worker] = now  # its silence counts from when it has our answer
+            self.events.write("reply", worker=worker, version=self.core.version, clock=clock,
                               lead=self.core.lead(worker))
-        self.transport.post(workers, frames, latest_only=False, timeout=self.config.send_timeout)
+            self.transport.post([worker], encode(header, snapshot), latest_only=False,
+                                timeout=self.config.send_timeout)
 
     def _wait_seconds(self) -> float:
         return self.config.startup_timeout if len(self.joined) < self.workers else self.config.round_timeout
 
-    def _silence(self) -> str:
+    def _silence(self, silent: list[int]) -> str:
         missing = sorted(set(range(self.workers)) - self.joined)
         if missing:
             return (f"the parameter server heard nothing from worker(s) {', '.join(map(str, missing))} within "
                     f"{self.config.startup_timeout:g} s (--startup-timeout)")
-        waiting = sorted(self.core.active - {c.worker for c in self.core.pending} - self.core.held)
-        return (f"the parameter server received nothing for {self.config.round_timeout:g} s (--round-timeout); "
-                f"still waiting on worker(s) {', '.join(map(str, waiting)) or 'none'}")
+        return (f"the parameter server heard nothing from worker(s) {', '.join(map(str, silent))} for "
+                f"{self.config.round_timeout:g} s (--round-timeout) while waiting for them "
+                f"(--missing-worker continue goes on without them)")
+
+    def _waiting_on(self) -> list[int]:
+        return sorted(self.core.active - {c.worker for c in self.core.pending} - self.core.held)
+
+    def checkpoint_path(self) -> Path:
+        return self.out / "checkpoint-server.pt"
+
+    def save_checkpoint(self) -> None:
+        state = {"model": self.task.model.state_dict(), "core": self.core.state_dict(),
+                 "contributions": self.contributions, "joined": sorted(self.joined)}
+        try:
+            checkpoint.save(state, self.checkpoint_path())
+        except CheckpointError as exc:  # training goes on; the previous checkpoint stays valid
+            log.warning("server: %s", exc)
+            self.events.write("checkpoint-failed", message=str(exc))
+
+    def resume(self) -> None:
+        """Continue from our last checkpoint, if there is one; workers re-join and get its weights."""
+        if not self.checkpoint_path().exists():
+            self.events.write("resume", found=False)
+            return
+        state = checkpoint.load(self.checkpoint_path())
+        self.task.model.load_state_dict(state["model"])
+        self.core.load_state_dict(state["core"])
+        self.contributions, self.joined = state["contributions"], set(state["joined"])
+        self.events.write("resume", found=True, version=self.core.version)
 
     def close(self, finish: bool) -> None:
         self.transport.close(flush_timeout=self.config.shutdown_timeout if finish else 0.0)
 
 
-def run_server(cfg: RunConfig, out: Path) -> None:
+def run_server(cfg: RunConfig, out: Path, resume: bool = False) -> None:
     events = EventLog(out / "server.jsonl")
     started = time.time()
-    server = ParameterServer(cfg, events)
+    server = ParameterServer(cfg, out, events)
     try:
+        if resume:
+            server.resume()
         server.serve()
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc))
@@ -137,7 +204,7 @@ def run_server(cfg: RunConfig, out: Path) -> None:
     server.close(finish=True)
     torch.save(server.task.model.state_dict(), out / "model-final.pt")
     core = server.core
-    events.write("end", wall_seconds=time.time() - started, versions=core.version, updates=len(core.applied),
+    events.write("end", wall_seconds=time.time() - started, versions=core.version, updates=core.updates,
                  staleness=dict(sorted(core.staleness.items())), test=server.task.evaluate(),
                  implausible=dict(server.dropped), **server.transport.statistics())
     events.close()

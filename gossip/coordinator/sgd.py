@@ -44,6 +44,15 @@ class GradientStep:
         if self.compensation is not None:
             self.compensation.backup(worker)
 
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(),
+                "compensation": self.compensation.state_dict() if self.compensation is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.compensation is not None and state["compensation"] is not None:
+            self.compensation.load_state_dict(state["compensation"])
+
 
 def average_buffers(flat: FlatParams, batch: list[Contribution]) -> None:
     """Set each buffer (BatchNorm statistics) to the mean of the values in ``batch``."""

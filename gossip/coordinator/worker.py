@@ -3,12 +3,17 @@ every ``local_steps`` steps) to the server and continues from the weights the se
 
 from __future__ import annotations
 
+import logging
+
 from gossip.averagers.base import Averager
 from gossip.config import CoordinatorConfig, GossipConfig
+from gossip.errors import PeerTimeout
 from gossip.coordinator.modes import SENDS_WEIGHTS
 from gossip.flat import FlatParams
 from gossip.mailbox import ReplyMailbox
-from gossip.wire import Header, encode, params_header
+from gossip.wire import Header, Message, encode, params_header
+
+log = logging.getLogger("gossip.worker")
 
 
 class PSWorker(Averager):
@@ -19,6 +24,8 @@ class PSWorker(Averager):
     def __init__(self, flat: FlatParams, config: GossipConfig, coordinator: CoordinatorConfig) -> None:
         self.sends_gradients = config.mode not in SENDS_WEIGHTS
         self.interval = 1 if self.sends_gradients else coordinator.local_steps
+        self.retries = coordinator.server_retries
+        self.rejoins = 0
         self.version = 0  # the server version of the weights we hold
         super().__init__(flat, config, topology=None)
 
@@ -30,8 +37,7 @@ class PSWorker(Averager):
 
     def _greet(self) -> None:
         """Say hello to the server, which answers with its weights: every worker starts from them."""
-        hello = encode(Header(kind="hello", sender=self.rank))
-        self.transport.post([self.config.server_rank], hello, latest_only=False, timeout=self.config.send_timeout)
+        self._hello()
         self._load(self.config.startup_timeout)
 
     def _gossip(self) -> None:
@@ -39,6 +45,7 @@ class PSWorker(Averager):
             ("params", self.flat.snapshot())
         header = params_header(kind, self.rank, self.flat.layout, self.flat.chunk_bytes, round=self.version,
                                step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second)
+        self.mailbox.expect(self.local_step)
         self.transport.post([self.config.server_rank], encode(header, chunks), latest_only=False,
                             timeout=self.config.send_timeout)
         self._load(self.config.round_timeout)
@@ -46,9 +53,46 @@ class PSWorker(Averager):
 
     def _load(self, timeout: float) -> None:
         with self._timed_wait():
-            message = self.mailbox.wait_weights(timeout)
+            message = self._wait_for_server(timeout)
         self.flat.copy_(message.chunks)
         self.version = message.header.round
+
+    def _wait_for_server(self, timeout: float) -> Message:
+        """The server's answer. After ``timeout`` seconds of silence say hello: a live server that still
+        holds our contribution acknowledges it (and we wait on), a restarted one answers with its weights
+        (what we had sent is lost; training goes on). Unanswered hellos are retried with back-off (1, 2,
+        4, ... s, at most ``timeout``), ``server_retries`` times in a row before we give up."""
+        try:
+            return self.mailbox.wait_weights(timeout)
+        except PeerTimeout:
+            if not self.retries:
+                raise
+        attempt = 0
+        while attempt < self.retries:
+            attempt += 1
+            self.rejoins += 1
+            self._hello()
+            try:
+                message = self.mailbox.wait_weights(min(timeout, float(2 ** (attempt - 1))), accept_ack=True)
+            except PeerTimeout:
+                log.warning("worker %d: the parameter server is silent; hello %d of %d unanswered", self.rank,
+                            attempt, self.retries)
+                continue
+            if message is not None:
+                return message
+            attempt = 0  # acknowledged: the server is alive and still waiting for other workers
+            try:
+                return self.mailbox.wait_weights(timeout)
+            except PeerTimeout:
+                continue
+        raise PeerTimeout(f"worker {self.rank}: the parameter server did not answer {self.retries} hellos "
+                          f"(--server-retries) after {timeout:g} s of silence (--round-timeout); is it running?")
+
+    def _hello(self) -> None:
+        """Hello at our current step; the server answers it (and any re-join) with that step."""
+        self.mailbox.expect(self.local_step)
+        hello = encode(Header(kind="hello", sender=self.rank, step=self.local_step))
+        self.transport.post([self.config.server_rank], hello, latest_only=False, timeout=self.config.send_timeout)
 
     def _finish(self) -> None:
         """Average the last local steps in (ps-avg), then tell the server we are done."""
@@ -58,4 +102,4 @@ class PSWorker(Averager):
         self.transport.post([self.config.server_rank], bye, latest_only=False, timeout=self.config.send_timeout)
 
     def statistics(self) -> dict:
-        return {**super().statistics(), "version": self.version}
+        return {**super().statistics(), "version": self.version, "rejoins": self.rejoins}

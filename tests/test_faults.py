@@ -1,0 +1,99 @@
+"""Processes that die mid-run: the run goes on, and a restarted process picks up where it left off."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, free_base_port, reap_peers
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def events(path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+def start(out, nodes: int, *args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "launch", "--nodes", str(nodes), "--out", str(out), "--progress", "off",
+               "--no-plot", "--base-port", str(free_base_port(nodes + 1)), *args]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.1)
+
+
+def test_a_killed_parameter_server_resumes_from_its_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    launcher = start(out, 3, "--mode", "ps-async", "--steps", "300", "--compute-ms", "10", "--checkpoint-every", "20",
+                     "--max-restarts", "1", "--round-timeout", "3")
+    try:
+        wait_for(lambda: any(e["event"] == "update" and e["version"] >= 100 for e in events(out / "server.jsonl")))
+        server_pid = json.loads((out / "peers.json").read_text())[-1]["pid"]
+        os.kill(server_pid, signal.SIGKILL)
+        stdout, stderr = launcher.communicate(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        reap_peers(out, grace=5)
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "server failed (exit -9)" in stderr and "restarted it with --resume (1 of 1)" in stderr
+    log = events(out / "server.jsonl")
+    resumed = [e for e in log if e["event"] == "resume"]
+    assert resumed and resumed[0]["found"] and resumed[0]["version"] >= 100  # from the last checkpoint
+    assert resumed[0]["version"] % 20 == 0
+    end = [e for e in log if e["event"] == "end"][-1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_model"]["accuracy"] >= 0.85
+    assert end["versions"] >= 300  # the run went on well past the crash
+    rejoins = [e.get("rejoins", 0) for rank in range(3) for e in events(out / f"peer-{rank}.jsonl")
+               if e["event"] == "end"]
+    assert sum(rejoins) >= 1  # workers found the restarted server by saying hello again
+
+
+def test_a_worker_that_dies_in_ps_sync_is_named_after_the_timeout(tmp_path):
+    out = tmp_path / "run"
+    launcher = start(out, 3, "--mode", "ps-sync", "--steps", "2000", "--compute-ms", "5", "--round-timeout", "2",
+                     "--task", "tests.tasks:worker_1_dies")
+    try:
+        stdout, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        reap_peers(out, grace=5)
+    assert launcher.returncode == 1
+    assert "peer 1 failed" in stderr.strip().splitlines()[-1] or "still waiting on worker(s) 1" in stderr
+
+
+def test_ps_sync_can_go_on_without_a_dead_worker(tmp_path):
+    out = tmp_path / "run"
+    launcher = start(out, 3, "--mode", "ps-sync", "--steps", "200", "--compute-ms", "5", "--round-timeout", "2",
+                     "--missing-worker", "continue", "--task", "tests.tasks:worker_1_dies", "--keep-going")
+    try:
+        stdout, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        reap_peers(out, grace=5)
+    assert launcher.returncode == 0, stderr[-2000:]
+    assert "peer 1 failed (exit 9)" in stderr and "going on without it (--keep-going)" in stderr
+    server = events(out / "server.jsonl")
+    assert [e["worker"] for e in server if e["event"] == "gone"] == [1]
+    updates = [e for e in server if e["event"] == "update"]
+    assert all(sorted(u["workers"]) == [0, 1, 2] for u in updates[:29])  # all three until it died
+    assert all(sorted(u["workers"]) == [0, 2] for u in updates[30:])  # then the barrier is the two others
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == ["peer 1"] and summary["final_model"]["accuracy"] >= 0.85
