@@ -67,12 +67,13 @@ def test_a_failing_peer_is_named_and_the_run_fails(launch_run):
     assert "Traceback" not in run.stderr
 
 
-@pytest.mark.parametrize("start_method", ["fork", "exec"])
-def test_ctrl_c_stops_every_peer_cleanly(tmp_path, start_method):
+@pytest.mark.parametrize("start_method,mode", [("fork", "gossip-sync"), ("exec", "gossip-sync"),
+                                               ("fork", "gossip-async"), ("fork", "ps-sync"), ("exec", "ps-async")])
+def test_ctrl_c_stops_every_process_cleanly(tmp_path, start_method, mode):
     out = tmp_path / "interrupted"
     command = [sys.executable, "-m", "launch", "--nodes", "3", "--out", str(out), "--progress", "plain",
-               "--start-method", start_method,
-               "--base-port", str(free_base_port(3)), "--task", "tests.tasks:slow_digits", "--steps", "100000"]
+               "--start-method", start_method, "--mode", mode,
+               "--base-port", str(free_base_port(4)), "--task", "tests.tasks:slow_digits", "--steps", "100000"]
     launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90
@@ -87,11 +88,13 @@ def test_ctrl_c_stops_every_peer_cleanly(tmp_path, start_method):
             launcher.kill()
         leftovers = reap_peers(out, grace=5)
     assert launcher.returncode == 130, stderr
-    assert "stopping 3 peers" in stderr and "Traceback" not in stderr
-    assert not leftovers and not any(alive(pid) for pid in pids)
-    for rank in range(3):
-        last = json.loads((out / f"peer-{rank}.jsonl").read_text().splitlines()[-1])
-        assert last["event"] == "stopped" and last["message"] == "SIGTERM"
+    processes = 4 if mode.startswith("ps-") else 3
+    assert f"stopping {processes} peers" in stderr and "Traceback" not in stderr
+    assert len(pids) == processes and not leftovers and not any(alive(pid) for pid in pids)
+    logs = [f"peer-{rank}.jsonl" for rank in range(3)] + (["server.jsonl"] if processes == 4 else [])
+    for name in logs:
+        last = json.loads((out / name).read_text().splitlines()[-1])
+        assert last["event"] == "stopped" and last["message"] == "SIGTERM", (name, last)
 
 
 def _all_training(out, nodes: int) -> bool:
