@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from gossip.averagers import AVERAGERS, Averager
-from gossip.config import GossipConfig, build_topology
+from gossip.config import GossipConfig
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
 
@@ -29,6 +29,6 @@ def attach(model: nn.Module, config: GossipConfig | None = None, **overrides: An
         config = dataclasses.replace(config or GossipConfig(), **overrides)
     except TypeError as exc:
         raise ConfigError(f"{exc}; see gossip.GossipConfig for the options") from exc
-    topology = build_topology(config.topology, config.world_size) if config.world_size > 1 else None
+    topology = config.build_topology() if config.world_size > 1 else None
     averager = AVERAGERS[config.mode](FlatParams(model, config.chunk_bytes), config, topology)
     return averager.start()

@@ -11,17 +11,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from gossip.config import RunConfig, build_topology
+from gossip.config import RunConfig
 from gossip.tasks import TaskContext, build_task
 from launch.events import read_events
 
 
-def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of floating tensors (accumulated in float64); other entries from the first."""
+def average_state_dicts(states: list[dict[str, torch.Tensor]],
+                        weights: list[float] | None = None) -> dict[str, torch.Tensor]:
+    """Element-wise mean of floating tensors (accumulated in float64), weighted by ``weights`` (push-sum
+    weights: the network's model is sum_i w_i z_i / sum_i w_i) when given; other entries from the first."""
+    w = torch.tensor(weights or [1.0] * len(states), dtype=torch.float64)
+    w = w / w.sum()
     averaged = {}
     for name, first in states[0].items():
         if first.is_floating_point():
-            total = torch.stack([s[name].to(torch.float64) for s in states]).mean(0)
+            stacked = torch.stack([s[name].to(torch.float64) for s in states])
+            total = torch.tensordot(w, stacked, dims=1)
             averaged[name] = total.to(first.dtype)
         else:
             averaged[name] = first.clone()
@@ -40,17 +45,20 @@ def flat_vector(state: dict[str, torch.Tensor]) -> np.ndarray:
 
 def consensus_trace(out: Path, nodes: int, numel: int) -> tuple[list[dict[str, float]], float]:
     """Distance per round from the sampled traces (scaled up when coordinates were sampled), and the
-    largest drift of the mean from its starting value, over the rounds every peer recorded."""
-    traces = []
+    largest drift of the (push-sum weighted) mean from its starting value, over the rounds every peer
+    recorded. Under adaptive deadlines mass in flight moves the mean between rounds; at the end it is back."""
+    traces, weights = [], []
     for rank in range(nodes):
         with np.load(out / f"trace-{rank}.npz") as data:  # an NpzFile re-reads an array on every access
             traces.append({int(r): row for r, row in zip(data["rounds"], data["values"])})
+            weights.append(dict(zip(map(int, data["rounds"]), data["weights"])))
     common = sorted(set.intersection(*(set(t) for t in traces)))
     scale = math.sqrt(numel / len(traces[0][common[0]]))
     rows, drift, mean0 = [], 0.0, None
     for round in common:
         stacked = np.stack([t[round] for t in traces]).astype(np.float64)
-        mean = stacked.mean(axis=0)
+        mass = np.array([w[round] for w in weights])
+        mean = mass @ stacked / mass.sum()  # push-sum: the conserved mean is weighted
         mean0 = mean if mean0 is None else mean0
         drift = max(drift, float(np.linalg.norm(mean - mean0)) * scale)
         rows.append({"round": round, "distance": consensus_distance(stacked) * scale})
@@ -64,14 +72,27 @@ def peer_result(rank: int, events: list[dict[str, Any]]) -> dict[str, Any]:
             "test_loss": test.get("loss"), "test": test, "wall_seconds": end.get("wall_seconds"),
             "bytes_sent": end.get("bytes_sent"), "bytes_received": end.get("bytes_received"),
             "wait_seconds": end.get("wait_seconds"), "samples_per_second": end.get("speed"),
-            "staleness": end.get("staleness"), "dropped": end.get("dropped")}
+            "step_seconds": end.get("step_seconds"), "neighbour_speeds": end.get("neighbour_speeds"),
+            "staleness": end.get("staleness"), "dropped": end.get("dropped"), "weight": end.get("weight"),
+            "deadline_misses": end.get("deadline_misses"), "late_mixed": end.get("late_mixed"),
+            "stragglers": end.get("stragglers")}
+
+
+def chronic_stragglers(peers: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """{straggler rank: ranks of the neighbours that reported it as chronic}."""
+    reported: dict[str, list[int]] = {}
+    for p in peers:
+        for straggler in p.get("stragglers") or []:
+            reported.setdefault(str(straggler), []).append(p["rank"])
+    return dict(sorted(reported.items(), key=lambda item: int(item[0])))
 
 
 def summarise(cfg: RunConfig, out: Path, wall_seconds: float) -> dict[str, Any]:
     events = [read_events(out / f"peer-{rank}.jsonl") for rank in range(cfg.nodes)]
     peers = [peer_result(rank, ev) for rank, ev in enumerate(events)]
     states = [torch.load(out / f"model-{rank}.pt", weights_only=True) for rank in range(cfg.nodes)]
-    final = average_state_dicts(states)
+    weights = [p["weight"] if p["weight"] is not None else 1.0 for p in peers]
+    final = average_state_dicts(states, weights)
     torch.save(final, out / "model-final.pt")
     vectors = np.stack([flat_vector(s) for s in states])
     trace, drift = consensus_trace(out, cfg.nodes, vectors.shape[1])
@@ -83,7 +104,9 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float) -> dict[str, Any]:
     accuracies = [p["test_accuracy"] for p in peers if p["test_accuracy"] is not None]
     summary = {
         "mode": cfg.gossip.mode, "topology": cfg.gossip.topology, "nodes": cfg.nodes, "task": cfg.task,
-        "steps": cfg.steps, "seed": cfg.gossip.seed, "wall_seconds": wall_seconds, "peers": peers,
+        "steps": cfg.steps, "schedule": cfg.gossip.schedule, "rounds": cfg.total_rounds,
+        "seed": cfg.gossip.seed, "wall_seconds": wall_seconds, "peers": peers,
+        "chronic_stragglers": chronic_stragglers(peers),
         "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
         "final_model": final_metrics, "consensus_distance": consensus_distance(vectors),
         "consensus_trace": trace, "mean_drift": drift, "spectral": spectral(cfg),
@@ -100,7 +123,7 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float) -> dict[str, Any]:
 def spectral(cfg: RunConfig) -> dict[str, Any]:
     if cfg.nodes < 2:
         return {}
-    topology = build_topology(cfg.gossip.topology, cfg.nodes)
+    topology = cfg.gossip.build_topology()
     return {"slem": topology.slem(0), "contraction": topology.contraction(0), "directed": topology.directed,
             "time_varying": topology.time_varying}
 
@@ -124,6 +147,14 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
     if summary["final_model"].get("accuracy") is not None:
         lines.append(f"averaged model accuracy  {summary['final_model']['accuracy']:.4f}  (model-final.pt)")
     lines.append(f"consensus distance       {summary['consensus_distance']:.3e}")
+    for straggler, reporters in summary["chronic_stragglers"].items():
+        lines.append(f"chronic straggler        peer {straggler} (missed its deadlines at peer(s) "
+                     f"{', '.join(map(str, reporters))}; its messages were mixed late)")
+    taus = [(int(t), n) for p in summary["peers"] for t, n in (p["staleness"] or {}).items()]
+    if taus:
+        mean_tau = sum(t * n for t, n in taus) / sum(n for _, n in taus)
+        lines.append(f"staleness (own steps)    mean {mean_tau:.2f}, max {max(t for t, _ in taus)} "
+                     f"(histograms per peer in summary.json)")
     lines.append(f"wall time                {summary['wall_seconds']:.1f} s")
     lines.append(f"bytes sent (all peers)   {summary['bytes_sent'] / 1e6:.1f} MB")
     lines.append(f"results                  {out}/ (summary.json, summary.png, peer-<rank>.jsonl, model-*.pt)")

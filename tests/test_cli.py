@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from launch.cli import FLAGS, build_parser
+from launch.cli import FLAGS, PER_PEER_DEFAULTS, build_parser
 from tests.conftest import ROOT, free_base_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,7 +28,7 @@ def test_help_shows_every_flag_with_its_default():
         assert flag in text, flag
         if name != "out":
             default = parser.get_default(name)
-            shown = ",".join(map(str, default)) or "all 1" if isinstance(default, tuple) else str(default)
+            shown = ",".join(map(str, default)) or PER_PEER_DEFAULTS[name] if isinstance(default, tuple) else str(default)
             assert f"{flag} {name.upper()}" in text
             assert f"(default: {shown})" in text, (flag, shown)
     assert "--progress" in text and "runs/<date-time>" in text
