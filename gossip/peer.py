@@ -59,8 +59,8 @@ class Trace:
         self.values: list[np.ndarray] = []
         self.weights: list[float] = []
 
-    def record(self, round: int) -> None:
-        if round % self.every and round != 0:
+    def record(self, round: int, final: bool = False) -> None:
+        if round % self.every and round != 0 and not final:
             return
         whole = torch.cat([s.detach().to("cpu", torch.float64) for s in self.flat.segments])
         self.rounds.append(round)
@@ -94,7 +94,8 @@ def run(cfg: RunConfig, out: Path) -> None:
         events.write("error" if isinstance(exc, GossipError) else "stopped", message=str(exc),
                      **averager.statistics())
         raise
-    trace.record(averager.rounds) if averager.rounds not in trace.rounds else None
+    if averager.rounds not in trace.rounds:
+        trace.record(averager.rounds, final=True)  # after close(): the last round is mixed in
     metrics = task.evaluate()
     torch.save(task.model.state_dict(), out / f"model-{rank}.pt")
     trace.save(out / f"trace-{rank}.npz")

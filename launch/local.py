@@ -1,13 +1,16 @@
 """Start N peer processes on this machine, watch them, stop them all cleanly, and summarise.
 
 Peers run in their own sessions, so Ctrl+C reaches only the launcher, which forwards SIGTERM to every
-peer, waits ``shutdown_timeout`` and then kills what is left. A peer that fails stops the run: the
+peer, waits ``shutdown_timeout`` and then kills what is left. With ``--link-mbit`` each peer runs in a
+network namespace of its own behind a rate limit (``launch/links.py``), removed again on every way out. A peer that fails stops the run: the
 launcher names the peer and its last error line, stops the others and exits non-zero. Peers also get
 SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so no process outlives a run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -19,6 +22,7 @@ from pathlib import Path
 from gossip.config import RunConfig
 from gossip.errors import ConfigError
 from gossip.tasks import load_task
+from launch.links import Links, check_link_support
 from launch.procs import START_METHODS, start_peer, stop_all
 from launch.progress import Progress
 
@@ -56,10 +60,11 @@ def check_ports(cfg: RunConfig) -> None:
                                   f"choose another --base-port") from exc
 
 
-def spawn(cfg: RunConfig, out: Path, method: str) -> list:
+def spawn(cfg: RunConfig, out: Path, method: str, links: Links | None = None) -> list:
     env = {"GOSSIP_LAUNCHER_PID": str(os.getpid()), "OMP_NUM_THREADS": str(cfg.threads_per_peer),
            "PYTHONUNBUFFERED": "1"}
-    procs = [start_peer(method, rank, out / "config.json", out / f"peer-{rank}.log", env) for rank in range(cfg.nodes)]
+    procs = [start_peer(method, rank, out / "config.json", out / f"peer-{rank}.log", env,
+                        links.namespace(rank) if links else None) for rank in range(cfg.nodes)]
     peers = [{"rank": r, "pid": p.pid, "endpoint": cfg.gossip.endpoint(r)} for r, p in enumerate(procs)]
     (out / "peers.json").write_text(json.dumps(peers, indent=2))
     return procs
@@ -88,9 +93,21 @@ def watch(procs: list, progress: Progress, out: Path) -> str | None:
         time.sleep(POLL_SECONDS)
 
 
+def with_links(cfg: RunConfig) -> tuple[RunConfig, Links | None]:
+    """With --link-mbit: the run's namespaces (not yet created) and a config whose endpoints are in them."""
+    if not cfg.link_mbit:
+        return cfg, None
+    check_link_support()
+    links = Links(cfg.link_mbit, tag=f"gossip{os.getpid()}")
+    return dataclasses.replace(cfg, gossip=dataclasses.replace(cfg.gossip, endpoints=links.endpoints(
+        cfg.gossip.base_port))), links
+
+
 def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_METHODS[0]) -> int:
     load_task(cfg.task)  # an unknown task fails here, in one line, not in N peers
-    check_ports(cfg)
+    cfg, links = with_links(cfg)
+    if links is None:
+        check_ports(cfg)  # in fresh namespaces every port is free
     out = prepare_out(cfg)
 
     def on_signal(signum: int, frame: object) -> None:
@@ -99,17 +116,22 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     procs: list = []
     started = time.time()
+    namespaces = links if links is not None else contextlib.nullcontext()
+    rounds = cfg.rounds if cfg.gossip.schedule == "time" else 0
     try:
-        procs = spawn(cfg, out, start_method)
-        with Progress(out, cfg.nodes, cfg.steps, progress) as display:
-            failure = watch(procs, display, out)
-    except Interrupted as exc:
-        print(f"\ngossip-launch: {exc}, stopping {len(procs)} peers...", file=sys.stderr)
-        stop_all(procs, cfg.gossip.shutdown_timeout)
-        print(f"gossip-launch: stopped; partial results in {out}", file=sys.stderr)
-        return 128 + exc.signum
+        with namespaces:  # removed after the peers are stopped, whichever way we leave
+            try:
+                procs = spawn(cfg, out, start_method, links)
+                with Progress(out, cfg.nodes, cfg.steps, progress, rounds) as display:
+                    failure = watch(procs, display, out)
+            except Interrupted as exc:
+                print(f"\ngossip-launch: {exc}, stopping {len(procs)} peers...", file=sys.stderr)
+                stop_all(procs, cfg.gossip.shutdown_timeout)
+                print(f"gossip-launch: stopped; partial results in {out}", file=sys.stderr)
+                return 128 + exc.signum
+            finally:
+                stop_all(procs, cfg.gossip.shutdown_timeout)
     finally:
-        stop_all(procs, cfg.gossip.shutdown_timeout)
         for s, handler in previous.items():
             signal.signal(s, handler)
     if failure:

@@ -53,6 +53,19 @@ def test_defaults_are_four_peers_on_a_ring_training_digits():
     (["--task", "nosuchpackage.mod:fn"], "cannot import task module 'nosuchpackage.mod'"),
     (["--task", "tests.tasks:nothing_here"], "has no function 'nothing_here'"),
     (["--chunk-mb", "1000"], "--chunk-mb 1000.0 is out of range"),
+    (["--schedule", "clock"], "--schedule 'clock' is not valid; choose one of: steps, time"),
+    (["--schedule", "time"], "--schedule time needs --rounds N"),
+    (["--rounds", "10"], "--rounds applies to --schedule time"),
+    (["--schedule", "time", "--rounds", "5", "--round-seconds", "0"], "--round-seconds must be a positive number"),
+    (["--deadline", "soon"], "--deadline 'soon' is not valid; choose one of: fixed, adaptive"),
+    (["--mode", "gossip-async", "--deadline", "adaptive"], "need --mode gossip-sync"),
+    (["--weight-by", "bytes"], "--weight-by 'bytes' is not valid; choose one of: none, samples"),
+    (["--straggler-fraction", "1.5"], "--straggler-fraction must be in (0, 1)"),
+    (["--deadline-window", "2"], "--deadline-window must be >= 3"),
+    (["--partners", "similar-speed"], "--partners similar-speed: partner choice by speed applies to the random"),
+    (["--link-mbit", "0,10"], "--link-mbit lists 2 values for 4 peers; give one per peer"),
+    (["--link-mbit", "0,0,0,-1"], "--link-mbit must be rates in Mbit/s >= 0"),
+    (["--link-latency-ms", "1,2,3"], "--link-latency-ms lists 3 values for 4 peers"),
 ])
 def test_bad_input_gives_one_clear_line_and_exit_2(args, expected, tmp_path):
     proc = launch(*args, "--out", str(tmp_path / "out"), "--base-port", str(free_base_port(8)))
