@@ -1,10 +1,11 @@
 """Start N peer processes on this machine, watch them, stop them all cleanly, and summarise.
 
 Peers run in their own sessions, so Ctrl+C reaches only the launcher, which forwards SIGTERM to every
-peer, waits ``shutdown_timeout`` and then kills what is left. With ``--link-mbit`` each peer runs in a
-network namespace of its own behind a rate limit (``launch/links.py``), removed again on every way out. A peer that fails stops the run: the
+peer, waits ``shutdown_timeout`` and then kills what is left. A peer that fails stops the run: the
 launcher names the peer and its last error line, stops the others and exits non-zero. Peers also get
-SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so no process outlives a run.
+SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so no process outlives a run. With
+``--link-mbit`` each peer runs in a network namespace of its own behind a rate limit
+(``launch/links.py``); the namespaces are removed after the peers stopped, on every way out.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ def test_help_shows_every_flag_with_its_default():
         assert flag in text, flag
         if name != "out":
             default = parser.get_default(name)
-            shown = ",".join(map(str, default)) or PER_PEER_DEFAULTS[name] if isinstance(default, tuple) else str(default)
+            per_peer = isinstance(default, tuple)
+            shown = ",".join(map(str, default)) or PER_PEER_DEFAULTS[name] if per_peer else str(default)
             assert f"{flag} {name.upper()}" in text
             assert f"(default: {shown})" in text, (flag, shown)
     assert "--progress" in text and "runs/<date-time>" in text

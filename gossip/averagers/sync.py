@@ -118,7 +118,7 @@ class SyncGossip(Averager):
     def _wait_deadlines(self, round: int, senders: tuple[int, ...]) -> None:
         start = self._wait_started[round] = time.monotonic()
         self._note_arrivals(round)
-        own_pace = self.speed.step_seconds * self.local_step / (round + 1)  # as peers report it: s/step * steps/round
+        own_pace = self.speed.step_seconds * self.local_step / (round + 1)  # as peers report theirs
         deadlines = {j: start + self.deadlines.deadline(j, self.config.round_timeout, own_pace,
                                                         self.mailbox.reported_pace(j)) for j in senders}
         missed = self.mailbox.wait_for(round, deadlines)
@@ -129,11 +129,13 @@ class SyncGossip(Averager):
 
     def _note_arrivals(self, round: int) -> None:
         """Lateness of every message that arrived since we last looked, relative to the start of our wait
-        for its round (0 if it came before we waited); count those that missed their round."""
+        for its round (0 if it came before we waited for it); count those that missed their round."""
         for sender, sent_for, arrived in self.mailbox.take_arrivals():
+            late = sent_for < round
+            self.late_mixed += late
             started = self._wait_started.get(sent_for)
-            self.deadlines.observe(sender, arrived - started if started is not None else 0.0)
-            self.late_mixed += sent_for < round
+            if started is not None or not late:  # lateness unknown once its round is forgotten
+                self.deadlines.observe(sender, arrived - started if started is not None else 0.0)
 
     def _expected_counts(self, last_round: int) -> dict[int, int]:
         """How many messages each in-neighbour sends us in rounds 0..last_round."""
