@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from gossip.errors import PeerTimeout, ProtocolError
-from gossip.wire import Layout, Message, decode
+from gossip.wire import Header, Layout, Message, decode
 
 Expects = Callable[[int, int], bool]  # (sender, round) -> is sender one of our in-neighbours then
 Share = Callable[[int, int], float]  # (sender, round) -> W[us, sender] in that round: our share of its mass
@@ -43,7 +43,7 @@ class Mailbox:
         self.local_step = 0  # written by the training thread, read at arrival
         self._cond = threading.Condition()
         self._hellos: set[int] = set()
-        self.reported: dict[int, Any] = {}  # sender -> the header of its latest message (speed, pace)
+        self.reported: dict[int, Header] = {}  # sender -> the header of its latest message (speed, pace)
 
     def deliver(self, identity: bytes, frames: Sequence[Any]) -> None:
         message = decode(frames, self.layout, self.world_size)

@@ -64,4 +64,4 @@ def test_a_rate_limited_link_slows_exactly_its_peer_and_leaves_no_namespace(laun
     assert limited["bytes_received"] >= 2 * rounds * dim * 8
     assert run.summary["consensus_distance"] < 1e-6  # the slow link changed the pace, not the result
     after = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
-    assert after <= before, after - before
+    assert not {name for name in after - before if name.startswith("gossip")}  # ours are gone (others may come)

@@ -118,7 +118,8 @@ class SyncGossip(Averager):
     def _wait_deadlines(self, round: int, senders: tuple[int, ...]) -> None:
         start = self._wait_started[round] = time.monotonic()
         self._note_arrivals(round)
-        own_pace = self.speed.step_seconds * self.local_step / (round + 1)  # as peers report theirs
+        # s/step times steps per round, as peers report theirs; this is mixing point mixing_points + 1
+        own_pace = self.speed.step_seconds * self.local_step / (self.mixing_points + 1)
         deadlines = {j: start + self.deadlines.deadline(j, self.config.round_timeout, own_pace,
                                                         self.mailbox.reported_pace(j)) for j in senders}
         missed = self.mailbox.wait_for(round, deadlines)
