@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from gossip.averagers import AVERAGERS, Averager
-from gossip.config import CoordinatorConfig, GossipConfig, build_topology
+from gossip.config import CoordinatorConfig, GossipConfig
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
 
@@ -38,5 +38,5 @@ def attach(model: nn.Module, config: GossipConfig | None = None, coordinator: Co
         from gossip.coordinator.worker import PSWorker
 
         return PSWorker(flat, config, coordinator or CoordinatorConfig()).start()
-    topology = build_topology(config.topology, config.world_size) if config.world_size > 1 else None
+    topology = config.build_topology() if config.world_size > 1 else None
     return AVERAGERS[config.mode](flat, config, topology).start()

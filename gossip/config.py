@@ -21,6 +21,10 @@ GOSSIP_MODES = ("gossip-sync", "gossip-async")
 PS_MODES = ("ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")  # a parameter server and N workers
 MODES = GOSSIP_MODES + PS_MODES
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
+SCHEDULES = ("steps", "time")
+WEIGHT_BY = ("none", "samples")
+DEADLINES = ("fixed", "adaptive")
+PARTNERS = ("any", "similar-speed")
 MiB = 1 << 20
 DEFAULT_NODES = 4
 
@@ -38,7 +42,19 @@ class GossipConfig:
     endpoints: tuple[str, ...] = ()  # one per rank; empty means tcp://host:(base_port + rank)
     server_endpoint: str = ""  # ps-* modes; empty means tcp://host:(base_port + world_size)
     secure: str = ""  # KEYDIR: CurveZMQ on every socket, only the public keys in KEYDIR/public admitted
-    gossip_every: int = 1  # local steps between two mixes
+    gossip_every: int = 1  # local steps between two mixes (schedule "steps")
+    schedule: str = "steps"  # "steps": mix every gossip_every steps; "time": every round_seconds of wall time
+    round_seconds: float = 0.5  # length of a round under schedule "time"; fast peers do more steps in it
+    weight_by: str = "none"  # gossip-sync push-sum mass: "none" (1 per peer) or "samples" since the last mix
+    deadline: str = "fixed"  # gossip-sync: "fixed" waits round_timeout; "adaptive": per-neighbour deadline
+    deadline_k: float = 3.0  # adaptive deadline = median + k * MAD of the neighbour's recent lateness
+    deadline_floor: float = 0.01  # seconds; a deadline is never shorter (loopback and scheduler jitter)
+    deadline_window: int = 16  # recent rounds of lateness and misses kept per neighbour
+    pace_tolerance: float = 0.5  # adaptive: skip neighbours whose rounds take (1 + this) times ours or longer
+    straggler_fraction: float = 0.75  # a neighbour missing more than this share of recent deadlines is chronic
+    partners: str = "any"  # random topology: "similar-speed" prefers partners of the same declared speed class
+    peer_speeds: tuple[float, ...] = ()  # declared per-peer speeds (partners "similar-speed"); empty: all 1
+    link_latency_ms: tuple[float, ...] = ()  # per-peer emulated one-way latency added to every message
     staleness_weight: str = "none"  # f(tau): none = 1, inverse = 1/(1+tau), exp = exp(-tau/T)
     staleness_temperature: float = 4.0  # T of the exp weighting, in steps
     max_staleness: int = 20  # snapshots older than this many own steps are ignored (gossip-async)
@@ -62,7 +78,23 @@ class GossipConfig:
             raise ConfigError(
                 f"unknown staleness weight {self.staleness_weight!r}; choose one of: {', '.join(STALENESS_WEIGHTS)}"
             )
+        _check_choice(self, "schedule", SCHEDULES)
+        _check_choice(self, "weight_by", WEIGHT_BY)
+        _check_choice(self, "deadline", DEADLINES)
+        _check_choice(self, "partners", PARTNERS)
+        if self.mode != "gossip-sync" and (self.weight_by != "none" or self.deadline != "fixed"):
+            raise ConfigError("--weight-by samples and --deadline adaptive need --mode gossip-sync (push-sum keeps "
+                              "its weighted average exact; gossip-async renormalises each peer's own weights)")
+        if self.parameter_server and (self.schedule != "steps" or self.partners != "any"):
+            raise ConfigError("--schedule time and --partners apply to the gossip modes; the ps-* modes talk to "
+                              "the server every step (ps-avg: every --local-steps steps)")
         _check_int(self, "gossip_every", minimum=1)
+        _check_int(self, "deadline_window", minimum=3)
+        _check_positive(self, "round_seconds", "deadline_k", "deadline_floor", "pace_tolerance")
+        if not (_is_real(self.straggler_fraction) and 0 < self.straggler_fraction < 1):
+            raise ConfigError(f"--straggler-fraction must be in (0, 1), got {self.straggler_fraction!r}")
+        _check_per_peer(self, "peer_speeds", lambda v: 0 < v <= 1e6, "positive numbers")
+        _check_per_peer(self, "link_latency_ms", lambda v: 0 <= v <= 60_000, "milliseconds in 0..60000")
         _check_int(self, "max_staleness", minimum=0)
         _check_int(self, "queue_depth", minimum=1)
         _check_int(self, "base_port", minimum=1, maximum=65535 - self.world_size)
@@ -73,7 +105,7 @@ class GossipConfig:
         if self.endpoints and len(self.endpoints) != self.world_size:
             raise ConfigError(f"{len(self.endpoints)} endpoints given for {self.world_size} peers; give one per peer")
         if self.world_size > 1 and not self.parameter_server:
-            build_topology(self.topology, self.world_size)  # a bad spec fails here, before any socket opens
+            self.build_topology()  # a bad spec fails here, before any socket opens
 
     @property
     def chunk_bytes(self) -> int:
@@ -87,6 +119,17 @@ class GossipConfig:
     def server_rank(self) -> int:
         """The server takes the rank after the last worker's, so one list of endpoints names everyone."""
         return self.world_size
+
+    def build_topology(self) -> topologies.Topology:
+        """The topology every peer of this run builds, with partner classes when ``partners`` asks for them."""
+        topology = build_topology(self.topology, self.world_size)
+        if self.partners == "similar-speed":
+            speeds = self.peer_speeds or (1.0,) * self.world_size
+            try:
+                topology = topologies.prefer_similar(topology, topologies.speed_classes(speeds))
+            except topologies.ConfigError as exc:
+                raise ConfigError(f"--partners similar-speed: {exc}") from exc
+        return topology
 
     def endpoint(self, rank: int) -> str:
         """The ZeroMQ endpoint on which peer ``rank`` (or the server, ``server_rank``) receives."""
@@ -135,10 +178,12 @@ class RunConfig:
 
     nodes: int = DEFAULT_NODES
     task: str = "digits"
-    steps: int = 300
+    steps: int = 300  # local steps per peer (schedule "steps")
+    rounds: int = 0  # schedule "time": the run lasts this many rounds of round_seconds (must be set then)
     out: str = ""  # output directory; empty means runs/<timestamp>
     speeds: tuple[float, ...] = ()  # per-peer speed; a peer at speed s takes 1/s as long per step
     compute_ms: float = 0.0  # emulated accelerator step added to every step, scaled by 1/speed
+    link_mbit: tuple[float, ...] = ()  # per-peer link rate in Mbit/s through a tc tbf qdisc (root); 0: unlimited
     threads_per_peer: int = 1
     lr: float = 0.05
     momentum: float = 0.9
@@ -184,6 +229,18 @@ class RunConfig:
         if self.coordinator.soft_sync > self.nodes:
             raise ConfigError(f"--soft-sync {self.coordinator.soft_sync} exceeds the {self.nodes} workers; "
                               f"use 1..{self.nodes} (1 applies every gradient on arrival)")
+        _check_int(self, "rounds", minimum=0)
+        if self.gossip.schedule == "time" and not self.rounds:
+            raise ConfigError("--schedule time needs --rounds N: the run lasts N rounds of --round-seconds each, "
+                              "and every peer does as many local steps as fit in a round")
+        if self.gossip.schedule == "steps" and self.rounds:
+            raise ConfigError("--rounds applies to --schedule time; with --schedule steps the run lasts --steps steps")
+        _check_per_peer(self, "link_mbit", lambda v: 0 <= v <= 1e6, "rates in Mbit/s >= 0 (0: unlimited)")
+
+    @property
+    def total_rounds(self) -> int:
+        """Mixing rounds every peer does: ``rounds`` under schedule "time", else steps // gossip_every."""
+        return self.rounds if self.gossip.schedule == "time" else self.steps // self.gossip.gossip_every
 
     def speed(self, rank: int) -> float:
         return self.speeds[rank] if self.speeds else 1.0
@@ -199,7 +256,10 @@ class RunConfig:
         data = dict(data)
         gossip_data = dict(data.pop("gossip", {}))
         gossip_data["endpoints"] = tuple(gossip_data.get("endpoints", ()))
-        data["speeds"] = tuple(data.get("speeds", ()))
+        for name in ("speeds", "link_mbit"):
+            data[name] = tuple(data.get(name, ()))
+        for name in ("peer_speeds", "link_latency_ms"):
+            gossip_data[name] = tuple(gossip_data.get(name, ()))
         coordinator = CoordinatorConfig(**data.pop("coordinator", {}))
         return cls(**data, gossip=GossipConfig(**gossip_data), coordinator=coordinator)
 
@@ -216,7 +276,7 @@ def build_topology(spec: str, world_size: int) -> topologies.Topology:
 
 def _flag(name: str) -> str:
     """The launcher flag that sets field ``name`` (messages name what the user typed)."""
-    return {"world_size": "--nodes"}.get(name, "--" + name.replace("_", "-"))
+    return {"world_size": "--nodes", "peer_speeds": "--speeds"}.get(name, "--" + name.replace("_", "-"))
 
 
 def _check_int(obj: Any, name: str, *, minimum: int, maximum: int | None = None) -> None:
@@ -227,6 +287,24 @@ def _check_int(obj: Any, name: str, *, minimum: int, maximum: int | None = None)
     if value < minimum or (maximum is not None and value > maximum):
         bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
         raise ConfigError(f"{flag} must be {bound}, got {value}")
+
+
+def _check_choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(obj, name)
+    if value not in choices:
+        raise ConfigError(f"{_flag(name)} {value!r} is not valid; choose one of: {', '.join(choices)}")
+
+
+def _check_per_peer(obj: Any, name: str, valid: Any, what: str) -> None:
+    """A per-peer list: empty, or one value per peer, each passing ``valid``."""
+    values, peers = getattr(obj, name), getattr(obj, "world_size", None) or getattr(obj, "nodes")
+    if not values:
+        return
+    if len(values) != peers:
+        raise ConfigError(f"{_flag(name)} lists {len(values)} values for {peers} peers; give one per peer")
+    bad = [v for v in values if not (_is_real(v) and valid(v))]
+    if bad:
+        raise ConfigError(f"{_flag(name)} must be {what}; got {bad[0]!r}")
 
 
 def _check_positive(obj: Any, *names: str) -> None:

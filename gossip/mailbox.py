@@ -3,22 +3,26 @@
 ``deliver`` runs on the loop thread (it is the transport's handler): it decodes and validates, checks that
 the sender is who its connection says and that it is expected, and files the message. The training
 thread waits on a condition variable for what it needs. Memory stays bounded: a sync mailbox keeps at
-most one message per sender for a window of rounds, an async one only the latest message per sender.
+most one message per sender for a window of rounds, a push-sum one one merged message per sender, an
+async one only the latest message per sender. Every mailbox notes the speed each sender reports.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from gossip.errors import PeerTimeout, ProtocolError
-from gossip.wire import Layout, Message, decode
+from gossip.wire import Header, Layout, Message, decode
 
 Expects = Callable[[int, int], bool]  # (sender, round) -> is sender one of our in-neighbours then
+Share = Callable[[int, int], float]  # (sender, round) -> W[us, sender] in that round: our share of its mass
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Mailbox:
         self.local_step = 0  # written by the training thread, read at arrival
         self._cond = threading.Condition()
         self._hellos: set[int] = set()
+        self.reported: dict[int, Header] = {}  # sender -> the header of its latest message (speed, pace)
 
     def deliver(self, authenticated: int | None, frames: Sequence[Any]) -> None:
         """The transport's handler: ``authenticated`` is the sender's rank proven by its CURVE key, or None."""
@@ -59,12 +64,21 @@ class Mailbox:
         with self._cond:
             if message.header.kind == "hello":
                 self._hellos.add(sender)
+            else:
+                self.reported[sender] = message.header
             self._file(message)
             self._cond.notify_all()
 
     def _file(self, message: Message) -> None:
-        """File a validated message other than a hello (called with the lock held)."""
+        """File a validated message, hellos included (called with the lock held)."""
         raise NotImplementedError
+
+    def reported_pace(self, sender: int) -> float | None:
+        """Busy seconds per round that ``sender`` last reported: seconds per step times steps per round."""
+        header = self.reported.get(sender)
+        if header is None or not header.step_seconds:
+            return None
+        return header.step_seconds * header.step / (header.round + 1)
 
     def wait_hellos(self, senders: Iterable[int], timeout: float) -> None:
         missing = self._wait(lambda: set(senders) - self._hellos, timeout)
@@ -122,6 +136,88 @@ class RoundMailbox(Mailbox):
                 if old != round:
                     del self._rounds[old]
             return self._rounds.pop(round, {})
+
+
+@dataclass
+class Mass:
+    """Push-sum mass from one sender that is not mixed in yet: ``mass`` times the model ``chunks``."""
+
+    mass: float
+    chunks: list[torch.Tensor]
+
+
+class MassMailbox(Mailbox):
+    """Push-sum gossip (deadline mode): whatever a sender pushed to us and we have not mixed yet, from any
+    round, merged on arrival into one mass per sender, so memory stays one model per sender however far
+    ahead or behind it runs. Merging keeps the sum: m1 z1 + m2 z2 = (m1 + m2) lerp(z1, z2, m2 / (m1 + m2)).
+    """
+
+    def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects, share: Share) -> None:
+        super().__init__(rank, world_size, layout, expects)
+        self.share = share
+        self.latest_round: dict[int, int] = {}
+        self.received: Counter[int] = Counter()
+        self._pending: dict[int, Mass] = {}
+        self._arrivals: list[tuple[int, int, float]] = []  # (sender, round, monotonic time), not yet read
+
+    def _file(self, message: Message) -> None:
+        if message.header.kind == "hello":
+            return
+        sender, round = message.header.sender, message.header.round
+        if round <= self.latest_round.get(sender, -1):
+            raise ProtocolError("replay", f"round {round} from peer {sender} is not newer than the round "
+                                          f"{self.latest_round[sender]} it already sent")
+        if not self.expects(sender, round):
+            raise ProtocolError("not-neighbour", f"peer {sender} is not our neighbour in round {round}")
+        self.latest_round[sender] = round
+        self.received[sender] += 1
+        self._arrivals.append((sender, round, time.monotonic()))
+        mass = self.share(sender, round) * message.header.weight
+        held = self._pending.get(sender)
+        if held is None:
+            self._pending[sender] = Mass(mass, message.chunks)
+        elif mass > 0:
+            held.mass += mass
+            for mine, theirs in zip(held.chunks, message.chunks, strict=True):
+                mine.lerp_(theirs, mass / held.mass)
+
+    def wait_for(self, round: int, deadlines: dict[int, float]) -> set[int]:
+        """Wait until each sender's ``round`` message is in or its deadline (``time.monotonic()``) passed;
+        returns the senders that missed."""
+        with self._cond:
+            while True:
+                late = {j for j in deadlines if self.latest_round.get(j, -1) < round}
+                now = time.monotonic()
+                open_deadlines = [deadlines[j] for j in late if deadlines[j] > now]
+                if not open_deadlines:
+                    return late
+                self._cond.wait(min(open_deadlines) - now)
+
+    def wait_counts(self, expected: dict[int, int], idle_timeout: float) -> None:
+        """Wait until ``expected[j]`` messages came from each j; PeerTimeout when none of the missing
+        senders delivered anything for ``idle_timeout`` seconds (a slow peer still making progress is
+        waited for, a stopped one is not)."""
+        with self._cond:
+            progress, last_change = None, time.monotonic()
+            while missing := {j for j, count in expected.items() if self.received[j] < count}:
+                now = time.monotonic()
+                seen = sum(self.received[j] for j in missing)
+                if seen != progress:
+                    progress, last_change = seen, now
+                elif now - last_change >= idle_timeout:
+                    raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {_ranks(missing)} for "
+                                      f"{idle_timeout:g} s while waiting for their last rounds (--round-timeout)")
+                self._cond.wait(min(0.5, idle_timeout - (now - last_change)))
+
+    def take_all(self) -> dict[int, Mass]:
+        with self._cond:
+            pending, self._pending = self._pending, {}
+            return pending
+
+    def take_arrivals(self) -> list[tuple[int, int, float]]:
+        with self._cond:
+            arrivals, self._arrivals = self._arrivals, []
+            return arrivals
 
 
 class LatestMailbox(Mailbox):

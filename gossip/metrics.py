@@ -10,18 +10,25 @@ from typing import IO, Any
 
 
 class SpeedMeter:
-    """Exponential moving average of this peer's step time and throughput (samples per second)."""
+    """Exponential moving averages of this peer's own pace: seconds per step, samples per second, and busy
+    seconds per round (from the end of one mixing point to the start of the next). Time spent waiting for
+    neighbours is left out, so the numbers describe this peer, not the slowest of its neighbours."""
 
     def __init__(self, smoothing: float = 0.1) -> None:
         self.smoothing = smoothing
         self.step_seconds = 0.0
         self.samples_per_second = 0.0
+        self.round_seconds = 0.0
         self._last: float | None = None
 
-    def tick(self, samples: int) -> None:
+    def round_done(self, busy_seconds: float) -> None:
+        self.round_seconds = _ema(self.round_seconds, max(busy_seconds, 1e-9), self.smoothing)
+
+    def tick(self, samples: int, waited: float = 0.0) -> None:
+        """One step done, ``waited`` seconds of which were spent waiting for neighbours."""
         now = time.perf_counter()
         if self._last is not None:
-            elapsed = max(now - self._last, 1e-9)
+            elapsed = max(now - self._last - waited, 1e-9)
             self.step_seconds = _ema(self.step_seconds, elapsed, self.smoothing)
             self.samples_per_second = _ema(self.samples_per_second, samples / elapsed, self.smoothing)
         self._last = now

@@ -1,8 +1,9 @@
 """One peer process: ``python -m gossip.peer RUN_DIR/config.json --rank R``.
 
-Builds the task, attaches an averager, trains for ``steps`` local steps (with the emulated accelerator
-time and speed of ``--compute-ms``/``--speeds``), logs events to ``peer-<rank>.jsonl`` and leaves
-``model-<rank>.pt`` and ``trace-<rank>.npz`` (sampled weights per round, for the consensus distance).
+Builds the task, attaches an averager, trains for ``steps`` local steps, or under ``--schedule time`` for
+``rounds`` rounds (with the emulated accelerator time and speed of ``--compute-ms``/``--speeds``), logs
+events to ``peer-<rank>.jsonl`` and leaves ``model-<rank>.pt`` and ``trace-<rank>.npz`` (sampled weights
+and push-sum weight per round, for the consensus distance and the drift of the mean).
 Exit status: 0 on success, 1 on an error (one line on stderr says which and why), 128 + signal number
 when stopped by SIGINT or SIGTERM.
 """
@@ -32,6 +33,7 @@ from gossip.tasks import Task, TaskContext, build_task
 
 log = logging.getLogger("gossip.peer")
 MAX_TRACE_RECORDS = 200
+STEP_EXTRAS = ("staleness", "last_mix", "weight", "deadline_misses", "stragglers")  # mode-specific step fields
 
 
 class Trace:
@@ -44,18 +46,22 @@ class Trace:
         self.index = torch.from_numpy(picked)
         self.every = max(1, math.ceil(rounds / MAX_TRACE_RECORDS))
         self.float64 = all(s.dtype == torch.float64 for s in self.flat.segments)
+        self.averager = averager
         self.rounds: list[int] = []
         self.values: list[np.ndarray] = []
+        self.weights: list[float] = []
 
-    def record(self, round: int) -> None:
-        if round % self.every and round != 0:
+    def record(self, round: int, final: bool = False) -> None:
+        if round % self.every and round != 0 and not final:
             return
         whole = torch.cat([s.detach().to("cpu", torch.float64) for s in self.flat.segments])
         self.rounds.append(round)
         self.values.append(whole[self.index].numpy().astype(np.float64 if self.float64 else np.float32))
+        self.weights.append(getattr(self.averager, "weight", 1.0))  # push-sum weight (sync), else 1
 
     def save(self, path: Path) -> None:
-        np.savez(path, rounds=np.array(self.rounds), values=np.stack(self.values), index=self.index.numpy())
+        np.savez(path, rounds=np.array(self.rounds), values=np.stack(self.values), index=self.index.numpy(),
+                 weights=np.array(self.weights))
 
 
 def run(cfg: RunConfig, out: Path) -> None:
@@ -71,7 +77,7 @@ def run(cfg: RunConfig, out: Path) -> None:
         raise
     started = time.time()
     events.write("ready", endpoint=cfg.gossip.endpoint(rank))
-    trace = Trace(averager, cfg.trace_coords, cfg.gossip.seed, cfg.steps // cfg.gossip.gossip_every)
+    trace = Trace(averager, cfg.trace_coords, cfg.gossip.seed, cfg.total_rounds)
     trace.record(0)
     try:
         with averager:
@@ -79,7 +85,8 @@ def run(cfg: RunConfig, out: Path) -> None:
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc), **averager.statistics())
         raise
-    trace.record(averager.rounds) if averager.rounds not in trace.rounds else None
+    if averager.rounds not in trace.rounds:
+        trace.record(averager.rounds, final=True)  # after close(): the last round is mixed in
     metrics = task.evaluate()
     torch.save(task.model.state_dict(), out / f"model-{rank}.pt")
     trace.save(out / f"trace-{rank}.npz")
@@ -90,14 +97,17 @@ def run(cfg: RunConfig, out: Path) -> None:
 def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: EventLog) -> None:
     slowdown = 1.0 / cfg.speed(averager.rank) - 1.0
     emulated = cfg.compute_ms / 1000.0 / cfg.speed(averager.rank)
-    for step in range(1, cfg.steps + 1):
+    by_time = cfg.gossip.schedule == "time"
+    step = 0
+    while (averager.mixing_points < cfg.rounds) if by_time else (step < cfg.steps):
+        step += 1
         begin = time.perf_counter()
         loss = task.compute_gradients() if averager.sends_gradients else task.train_step()
         computed = time.perf_counter() - begin
         pause = emulated + computed * slowdown  # a peer at speed s takes 1/s as long per step
         if pause > 0:
             time.sleep(pause)
-        rounds_before = averager.rounds
+        rounds_before, points_before = averager.rounds, averager.mixing_points
         averager.step(samples=task.samples_per_step)
         if averager.rounds != rounds_before:
             trace.record(averager.rounds)
@@ -106,7 +116,8 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
             events.write("step", step=step, round=averager.rounds, loss=finite_or_none(loss),
                          bytes_sent=stats["bytes_sent"], bytes_received=stats["bytes_received"],
                          wait_seconds=stats["wait_seconds"], speed=stats["speed"],
-                         **({"staleness": stats["staleness"]} if "staleness" in stats else {}))
+                         step_seconds=stats["step_seconds"], mixed=averager.mixing_points != points_before,
+                         **{key: stats[key] for key in STEP_EXTRAS if key in stats})
         if task.trains and cfg.eval_every and step % cfg.eval_every == 0:
             events.write("eval", step=step, round=averager.rounds, **task.evaluate())
 

@@ -17,6 +17,11 @@ Socket options, deliberately:
 - LINGER = 0 everywhere, except that on close the DEALERs linger up to ``shutdown_timeout`` so the final
   round reaches neighbours that are still waiting for it.
 
+Emulated latency (``delays``, seconds per destination): each message is held in its outbox until its
+post time plus the delay, then sent; messages stay in order and pipelined (a second message does not wait
+for the first one's delay). This is latency added by the application in front of the socket, not by the
+kernel: TCP itself sees no longer round-trip time.
+
 ``zmq.ZMQError`` is translated into ``PeerUnreachable`` here; a message the handler rejects
 (``ProtocolError``) is dropped, counted by reason and logged with the sender's name; it never propagates.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,7 +54,7 @@ class Transport:
 
     def __init__(self, rank: int, bind: str, endpoints: Sequence[str], handler: Handler, *,
                  queue_depth: int = 8, shutdown_timeout: float = 10.0, recv_queue: int = 256,
-                 keys: CurveKeys | None = None) -> None:
+                 keys: CurveKeys | None = None, delays: Sequence[float] = ()) -> None:
         self.rank = rank
         self.keys = keys  # CurveZMQ on every socket when set (gossip/security.py)
         self._authenticator = None
@@ -58,6 +64,7 @@ class Transport:
         self._queue_depth = queue_depth
         self._shutdown_timeout = shutdown_timeout
         self._recv_queue = recv_queue
+        self._delays = list(delays) or [0.0] * len(self.endpoints)
         self._thread = LoopThread(f"gossip-loop-{rank}")
         self._outboxes: dict[int, _Outbox] = {}
         self._context: zmq.asyncio.Context | None = None
@@ -152,11 +159,11 @@ class Transport:
                 queue.get_nowait()
                 queue.task_done()
                 self.replaced += 1
-            queue.put_nowait(frames)
+            queue.put_nowait((time.monotonic() + self._delays[dest], frames))
 
     async def _post_wait(self, dests: Sequence[int], frames: list[Any]) -> None:
         for dest in dests:
-            await self._outbox(dest).queue.put(frames)
+            await self._outbox(dest).queue.put((time.monotonic() + self._delays[dest], frames))
 
     def _outbox(self, dest: int) -> _Outbox:
         outbox = self._outboxes.get(dest)
@@ -183,8 +190,10 @@ class Transport:
 
     async def _send_forever(self, outbox: _Outbox) -> None:
         while True:
-            frames = await outbox.queue.get()
+            due, frames = await outbox.queue.get()
             try:
+                if (hold := due - time.monotonic()) > 0:
+                    await asyncio.sleep(hold)
                 await outbox.socket.send_multipart(frames, copy=False)
                 self.messages_sent += 1
                 self.bytes_sent += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
@@ -237,7 +246,7 @@ class Transport:
 
 
 class _Outbox:
-    def __init__(self, dest: int, socket: zmq.asyncio.Socket, queue: asyncio.Queue[list[Any]]) -> None:
+    def __init__(self, dest: int, socket: zmq.asyncio.Socket, queue: asyncio.Queue[tuple[float, list[Any]]]) -> None:
         self.dest = dest
         self.socket = socket
         self.queue = queue

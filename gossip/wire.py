@@ -41,7 +41,7 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
 }
 _INT_FIELDS = ("v", "r", "step", "round", "n")
-_FLOAT_FIELDS = ("sp", "w")
+_FLOAT_FIELDS = ("sp", "st", "w")
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,9 @@ class Header:
     round: int = 0
     step: int = 0
     samples: int = 0
-    speed: float = 0.0
-    weight: float = 1.0  # push-sum weight, or the share of samples this contribution represents
+    speed: float = 0.0  # the sender's samples per second (moving average)
+    step_seconds: float = 0.0  # the sender's seconds per local step (moving average)
+    weight: float = 1.0  # push-sum mass: the sender's weight when it took the snapshot
     fingerprint: str = ""
     segments: tuple[tuple[str, int], ...] = ()  # (dtype, nbytes) per flat segment
     chunk_bytes: int = 0
@@ -95,8 +96,8 @@ class Header:
     def pack(self) -> bytes:
         return msgpack.packb({
             "v": PROTOCOL_VERSION, "k": self.kind, "r": self.sender, "round": self.round, "step": self.step,
-            "n": self.samples, "sp": float(self.speed), "w": float(self.weight), "fp": self.fingerprint,
-            "seg": [list(s) for s in self.segments], "ch": self.chunk_bytes,
+            "n": self.samples, "sp": float(self.speed), "st": float(self.step_seconds), "w": float(self.weight),
+            "fp": self.fingerprint, "seg": [list(s) for s in self.segments], "ch": self.chunk_bytes,
         })
 
 
@@ -179,7 +180,7 @@ def _decode_header(raw: bytes, world_size: int) -> Header:
                for s in segments):
         raise ProtocolError("field", "header field 'seg' is not a list of (dtype, nbytes) pairs")
     return Header(kind=kind, sender=obj["r"], round=obj["round"], step=obj["step"], samples=obj["n"],
-                  speed=obj["sp"], weight=obj["w"], fingerprint=fingerprint,
+                  speed=obj["sp"], step_seconds=obj["st"], weight=obj["w"], fingerprint=fingerprint,
                   segments=tuple((s[0], s[1]) for s in segments), chunk_bytes=chunk_bytes)
 
 

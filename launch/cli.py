@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gossip.config import MODES, STALENESS_WEIGHTS, CoordinatorConfig, GossipConfig, RunConfig
+from gossip.config import (DEADLINES, MODES, PARTNERS, SCHEDULES, STALENESS_WEIGHTS, WEIGHT_BY, CoordinatorConfig,
+                           GossipConfig, RunConfig)
 from gossip.errors import ConfigError, TaskError
 from launch.procs import START_METHODS
 
@@ -33,12 +34,33 @@ FLAGS: list[tuple[str, str, str]] = [
     ("--seed", "seed", "seed of model init, shards, batches and random topologies"),
     ("--base-port", "base_port", "peer r listens on tcp://HOST:(BASE_PORT + r)"),
     ("--host", "host", "address the local peers listen on"),
-    ("--gossip-every", "gossip_every", "local steps between two mixes"),
+    ("--gossip-every", "gossip_every", "local steps between two mixes (--schedule steps)"),
+    ("--schedule", "schedule", "when to mix: " + " or ".join(SCHEDULES) + " (time: every --round-seconds, fast "
+                               "peers do more local steps per round)"),
+    ("--round-seconds", "round_seconds", "length of a round under --schedule time"),
+    ("--rounds", "rounds", "under --schedule time the run lasts this many rounds (required there)"),
+    ("--weight-by", "weight_by", "gossip-sync push-sum mass: " + " or ".join(WEIGHT_BY)
+                                 + " (samples: proportional to the samples trained since the last mix)"),
+    ("--deadline", "deadline", "gossip-sync waiting: " + " or ".join(DEADLINES) + " (fixed: every neighbour, up "
+                               "to --round-timeout; adaptive: learned per neighbour, late messages mixed later)"),
+    ("--deadline-k", "deadline_k", "adaptive deadline = median + K * MAD of a neighbour's lateness"),
+    ("--deadline-floor", "deadline_floor", "shortest adaptive deadline in seconds"),
+    ("--deadline-window", "deadline_window", "rounds of lateness and misses remembered per neighbour"),
+    ("--pace-tolerance", "pace_tolerance", "adaptive: a neighbour whose rounds take (1 + this) times as long as "
+                                           "ours (its reported pace) is not waited for"),
+    ("--straggler-fraction", "straggler_fraction", "a neighbour missing more than this share of its recent "
+                                                   "deadlines is reported as a chronic straggler"),
+    ("--partners", "partners", "random topology partner choice: " + " or ".join(PARTNERS)
+                               + " (similar-speed: mostly within --speeds classes)"),
     ("--staleness-weight", "staleness_weight", "gossip-async weight f(tau): " + ", ".join(STALENESS_WEIGHTS)),
     ("--staleness-temperature", "staleness_temperature", "T in f(tau) = exp(-tau/T), in steps"),
     ("--max-staleness", "max_staleness", "gossip-async ignores snapshots older than this many own steps"),
     ("--speeds", "speeds", "comma-separated per-peer speeds, e.g. 1,1,1,0.25 (a peer at 0.25 is 4x slower)"),
     ("--compute-ms", "compute_ms", "emulated accelerator time per step in ms, scaled by 1/speed"),
+    ("--link-mbit", "link_mbit", "per-peer link rate in Mbit/s, e.g. 0,0,0,100 (0: unlimited); runs each peer in "
+                                 "its own network namespace behind a tc tbf qdisc; needs root, ip and tc"),
+    ("--link-latency-ms", "link_latency_ms", "per-peer one-way latency in ms added to every message to or from "
+                                             "the peer (held back by the sending transport)"),
     ("--threads-per-peer", "threads_per_peer", "torch threads in each peer process"),
     ("--lr", "lr", "learning rate of each peer's optimizer"),
     ("--momentum", "momentum", "SGD momentum of each peer's optimizer"),
@@ -75,11 +97,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _parse_speeds(text: str) -> tuple[float, ...]:
+def _parse_floats(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, e.g. 1,1,0.25")
+
+
+PER_PEER_DEFAULTS = {"speeds": "all 1", "link_mbit": "none", "link_latency_ms": "none"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,13 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, name, help_text in FLAGS:
         field = RUN_FIELDS.get(name) or GOSSIP_FIELDS.get(name) or COORDINATOR_FIELDS[name]
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        shown = (",".join(map(str, default)) or "all 1") if name == "speeds" else default
+        shown = (",".join(map(str, default)) or PER_PEER_DEFAULTS[name]) if name in PER_PEER_DEFAULTS else default
         help_text = f"{help_text} (default: {shown!s})" if name != "out" else help_text
         if isinstance(default, bool):
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_text)
             continue
-        kind = _parse_speeds if name == "speeds" else type(default)
+        kind = _parse_floats if name in PER_PEER_DEFAULTS else type(default)
         parser.add_argument(flag, dest=name, type=kind, default=default, metavar=name.upper(), help=help_text)
     parser.add_argument("--progress", choices=("auto", "live", "plain", "off"), default="auto",
                         help="live table on a terminal, periodic lines otherwise (default: auto)")
@@ -113,7 +138,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     run_values = {name: values[name] for name in RUN_FIELDS if name in values and name not in ("gossip", "coordinator")}
     if not run_values["out"]:
         run_values["out"] = time.strftime("runs/%Y%m%d-%H%M%S")
-    gossip = GossipConfig(world_size=run_values["nodes"], **gossip_values)
+    # Partner classes come from the emulated speeds, which every peer reads from the same config.json
+    # (a list of the wrong length is left for RunConfig to report, in the words of --speeds).
+    speeds = run_values["speeds"] if len(run_values["speeds"]) == run_values["nodes"] else ()
+    gossip = GossipConfig(world_size=run_values["nodes"], peer_speeds=speeds, **gossip_values)
     return RunConfig(**run_values, gossip=gossip, coordinator=CoordinatorConfig(**coordinator_values))
 
 

@@ -3,25 +3,30 @@
 Peers run in their own sessions, so Ctrl+C reaches only the launcher, which forwards SIGTERM to every
 peer, waits ``shutdown_timeout`` and then kills what is left. A peer that fails stops the run: the
 launcher names the peer and its last error line, stops the others and exits non-zero. Peers also get
-SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so no process outlives a run.
+SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so no process outlives a run. With
+``--link-mbit`` each peer runs in a network namespace of its own behind a rate limit
+(``launch/links.py``); the namespaces are removed after the peers stopped, on every way out.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
-from dataclasses import dataclass
-from typing import Any
 import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gossip.config import RunConfig
 from gossip.errors import ConfigError
 from gossip.security import load_keys
 from gossip.tasks import load_task
+from launch.links import Links, check_link_support
 from launch.procs import START_METHODS, start_peer, stop_all, warm_up_for_fork
 from launch.progress import Progress
 
@@ -70,19 +75,22 @@ class Member:
     proc: Any = None
     restarts: int = 0
     given_up: bool = False  # died for good, and --keep-going lets the others finish
+    netns: str | None = None  # its network namespace under --link-mbit
 
 
-def spawn(cfg: RunConfig, out: Path, method: str, env: dict[str, str]) -> list[Member]:
-    """Start the peers (and, in the ps-* modes, the server last, as rank ``nodes``)."""
+def spawn(cfg: RunConfig, out: Path, method: str, env: dict[str, str], links: Links | None) -> list[Member]:
+    """Start the peers (and, in the ps-* modes, the server, as rank ``nodes``), each in its own network
+    namespace when the run has ``links``."""
     config = str(out / "config.json")
     if method == "fork":
         warm_up_for_fork()
-    members = [Member(f"peer {rank}", [config, "--rank", str(rank)], out / f"peer-{rank}.log")
-               for rank in range(cfg.nodes)]
+    members = [Member(f"peer {rank}", [config, "--rank", str(rank)], out / f"peer-{rank}.log",
+                      netns=links.namespace(rank) if links else None) for rank in range(cfg.nodes)]
     if cfg.gossip.parameter_server:
-        members.append(Member("server", [config, "--server"], out / "server.log"))
+        members.append(Member("server", [config, "--server"], out / "server.log",
+                              netns=links.namespace(cfg.nodes) if links else None))
     for member in sorted(members, key=lambda m: m.name != "server"):  # the server first: workers find it bound
-        member.proc = start_peer(method, member.argv, member.log, env)
+        member.proc = start_peer(method, member.argv, member.log, env, netns=member.netns)
     write_peers(cfg, out, members)
     return members
 
@@ -126,12 +134,28 @@ def watch(cfg: RunConfig, members: list[Member], progress: Progress, out: Path, 
         time.sleep(POLL_SECONDS)
 
 
+def with_links(cfg: RunConfig) -> tuple[RunConfig, Links | None]:
+    """With --link-mbit: the run's namespaces (not yet created) and a config whose endpoints are in them.
+    The parameter server, when there is one, gets a namespace of its own with an unlimited link."""
+    if not cfg.link_mbit:
+        return cfg, None
+    check_link_support()
+    server = (0.0,) if cfg.gossip.parameter_server else ()
+    links = Links(cfg.link_mbit + server, tag=f"gossip{os.getpid()}")
+    endpoints = links.endpoints(cfg.gossip.base_port)
+    gossip = dataclasses.replace(cfg.gossip, endpoints=endpoints[:cfg.nodes],
+                                 server_endpoint=endpoints[cfg.nodes] if server else cfg.gossip.server_endpoint)
+    return dataclasses.replace(cfg, gossip=gossip), links
+
+
 def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_METHODS[0], plot: bool = True) -> int:
     load_task(cfg.task)  # an unknown task fails here, in one line, not in N peers
     if cfg.gossip.secure:  # so do missing keys
         for rank in range(cfg.nodes + (1 if cfg.gossip.parameter_server else 0)):
             load_keys(cfg.gossip.secure, rank, cfg.nodes)
-    check_ports(cfg)
+    cfg, links = with_links(cfg)
+    if links is None:
+        check_ports(cfg)  # in fresh namespaces every port is free
     out = prepare_out(cfg)
 
     def on_signal(signum: int, frame: object) -> None:
@@ -146,21 +170,27 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
         if member.restarts >= cfg.max_restarts:
             return False
         member.restarts += 1
-        member.proc = start_peer(start_method, [*member.argv, "--resume"], member.log, env, append=True)
+        member.proc = start_peer(start_method, [*member.argv, "--resume"], member.log, env, append=True,
+                                 netns=member.netns)
         return True
 
     started = time.time()
+    namespaces = links if links is not None else contextlib.nullcontext()
+    rounds = cfg.rounds if cfg.gossip.schedule == "time" else 0
     try:
-        members = spawn(cfg, out, start_method, env)
-        with Progress(out, cfg.nodes, cfg.steps, progress) as display:
-            failure = watch(cfg, members, display, out, restart)
-    except Interrupted as exc:
-        print(f"\ngossip-launch: {exc}, stopping {len(members)} peers...", file=sys.stderr)
-        stop_all([m.proc for m in members], cfg.gossip.shutdown_timeout)
-        print(f"gossip-launch: stopped; partial results in {out}", file=sys.stderr)
-        return 128 + exc.signum
+        with namespaces:  # removed after the peers are stopped, whichever way we leave
+            try:
+                members = spawn(cfg, out, start_method, env, links)
+                with Progress(out, cfg.nodes, cfg.steps, progress, rounds) as display:
+                    failure = watch(cfg, members, display, out, restart)
+            except Interrupted as exc:
+                print(f"\ngossip-launch: {exc}, stopping {len(members)} peers...", file=sys.stderr)
+                stop_all([m.proc for m in members], cfg.gossip.shutdown_timeout)
+                print(f"gossip-launch: stopped; partial results in {out}", file=sys.stderr)
+                return 128 + exc.signum
+            finally:
+                stop_all([m.proc for m in members], cfg.gossip.shutdown_timeout)
     finally:
-        stop_all([m.proc for m in members], cfg.gossip.shutdown_timeout)
         for s, handler in previous.items():
             signal.signal(s, handler)
     if failure:

@@ -9,7 +9,8 @@ Two start methods, both real processes in their own session (so Ctrl+C reaches o
 - ``exec``: ``python -m gossip.peer CONFIG --rank R``, exactly as a user starts a peer by hand.
 
 Both give the peer ``GOSSIP_LAUNCHER_PID`` so it asks for SIGTERM when the launcher dies, and send its
-stdout and stderr to ``peer-<rank>.log``.
+stdout and stderr to ``peer-<rank>.log``. With emulated links (``launch/links.py``) a peer starts inside
+its network namespace: a forked one enters it first thing, an exec'd one runs under ``ip netns exec``.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ def warm_up_for_fork() -> None:
 class ForkedPeer:
     """A forked peer with the part of ``subprocess.Popen``'s interface the launcher uses."""
 
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str], append: bool = False) -> None:
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str], append: bool = False,
+                 netns: str | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # the child never returns from here
-            _run_forked_peer(argv, log_path, env, append)
+            _run_forked_peer(argv, log_path, env, append, netns)
         self.pid = pid
         self.returncode: int | None = None
 
@@ -72,10 +74,14 @@ class ForkedPeer:
         self.send_signal(signal.SIGKILL)
 
 
-def _run_forked_peer(argv: list[str], log_path: Path, env: dict[str, str], append: bool) -> None:
+def _run_forked_peer(argv: list[str], log_path: Path, env: dict[str, str], append: bool, netns: str | None) -> None:
     code = 1
     try:
         os.setsid()
+        if netns is not None:
+            from launch.links import enter_namespace
+
+            enter_namespace(netns)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
         null_fd = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null_fd, 0)
@@ -95,12 +101,15 @@ def _run_forked_peer(argv: list[str], log_path: Path, env: dict[str, str], appen
         os._exit(code)
 
 
-def start_peer(method: str, argv: list[str], log_path: Path, env: dict[str, str], append: bool = False):
-    """Start ``gossip.peer`` with ``argv`` (the config path, then ``--rank R`` or ``--server``)."""
+def start_peer(method: str, argv: list[str], log_path: Path, env: dict[str, str], append: bool = False,
+               netns: str | None = None):
+    """Start ``gossip.peer`` with ``argv`` (the config path, then ``--rank R`` or ``--server``), inside network
+    namespace ``netns`` when given (``--link-mbit``)."""
     if method == "fork":
-        return ForkedPeer(argv, log_path, env, append)
+        return ForkedPeer(argv, log_path, env, append, netns)
+    prefix = ["ip", "netns", "exec", netns] if netns is not None else []
     with open(log_path, "ab" if append else "wb") as log_file:
-        return subprocess.Popen([sys.executable, "-m", "gossip.peer", *argv],
+        return subprocess.Popen([*prefix, sys.executable, "-m", "gossip.peer", *argv],
                                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                 env={**os.environ, **env}, start_new_session=True)
 

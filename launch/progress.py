@@ -44,10 +44,12 @@ class PeerState:
 
 
 class Progress:
-    def __init__(self, out: Path, nodes: int, steps: int, mode: str) -> None:
+    def __init__(self, out: Path, nodes: int, steps: int, mode: str, rounds: int = 0) -> None:
+        """``rounds`` > 0: the run lasts that many rounds (schedule "time"), which is then the progress shown."""
         self.tails = [EventTail(out / f"peer-{rank}.jsonl") for rank in range(nodes)]
         self.peers = [PeerState() for _ in range(nodes)]
         self.steps = steps
+        self.rounds = rounds
         self.started = time.monotonic()
         if mode == "auto":
             mode = "live" if sys.stdout.isatty() else "plain"
@@ -80,11 +82,12 @@ class Progress:
             print(self._line(), flush=True)
 
     def _line(self) -> str:
-        steps = [p.step for p in self.peers]
+        unit, total = ("round", self.rounds) if self.rounds else ("step", self.steps)
+        done = [getattr(p, unit) for p in self.peers]
         losses = [p.loss for p in self.peers if p.loss is not None]
         accs = [p.accuracy for p in self.peers if p.accuracy is not None]
         running = sum(p.status == "running" for p in self.peers)
-        parts = [f"[{time.monotonic() - self.started:7.1f} s]", f"step {min(steps)}-{max(steps)}/{self.steps}",
+        parts = [f"[{time.monotonic() - self.started:7.1f} s]", f"{unit} {min(done)}-{max(done)}/{total}",
                  f"{running}/{len(self.peers)} running"]
         if losses:
             parts.append(f"loss {sum(losses) / len(losses):.4f}")
@@ -101,7 +104,9 @@ class Progress:
         for column in ("peer", "status", "step", "round", "loss", "acc", "smp/s", "wait s", "sent MB"):
             table.add_column(column, justify="right", no_wrap=True)
         for rank, p in enumerate(self.peers):
-            table.add_row(str(rank), p.status, f"{p.step}/{self.steps}", str(p.round),
+            step, round = (str(p.step), f"{p.round}/{self.rounds}") if self.rounds else (f"{p.step}/{self.steps}",
+                                                                                      str(p.round))
+            table.add_row(str(rank), p.status, step, round,
                           "-" if p.loss is None else f"{p.loss:.4f}",
                           "-" if p.accuracy is None else f"{p.accuracy:.3f}", f"{p.speed:.0f}",
                           f"{p.wait_seconds:.1f}", f"{p.bytes_sent / 1e6:.1f}")

@@ -11,17 +11,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from gossip.config import RunConfig, build_topology
+from gossip.config import RunConfig
 from gossip.tasks import TaskContext, build_task
 from launch.events import read_events
 
 
-def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of floating tensors (accumulated in float64); other entries from the first."""
+def average_state_dicts(states: list[dict[str, torch.Tensor]],
+                        weights: list[float] | None = None) -> dict[str, torch.Tensor]:
+    """Element-wise mean of floating tensors (accumulated in float64), weighted by ``weights`` (push-sum
+    weights: the network's model is sum_i w_i z_i / sum_i w_i) when given; other entries from the first."""
+    w = torch.tensor(weights or [1.0] * len(states), dtype=torch.float64)
+    w = w / w.sum()
     averaged = {}
     for name, first in states[0].items():
         if first.is_floating_point():
-            total = torch.stack([s[name].to(torch.float64) for s in states]).mean(0)
+            stacked = torch.stack([s[name].to(torch.float64) for s in states])
+            total = torch.tensordot(w, stacked, dims=1)
             averaged[name] = total.to(first.dtype)
         else:
             averaged[name] = first.clone()
@@ -38,23 +43,28 @@ def flat_vector(state: dict[str, torch.Tensor]) -> np.ndarray:
     return torch.cat([t.reshape(-1).to(torch.float64) for t in state.values() if t.is_floating_point()]).numpy()
 
 
-def consensus_trace(out: Path, ranks: list[int], numel: int) -> tuple[list[dict[str, float]], float]:
+def consensus_trace(out: Path, ranks: list[int], numel: int) -> tuple[list[dict[str, float]], float, float]:
     """Distance per round from the sampled traces (scaled up when coordinates were sampled), and the
-    largest drift of the mean from its starting value, over the rounds every peer recorded."""
-    traces = []
+    largest drift of the (push-sum weighted) mean from its starting value, over the rounds every peer
+    recorded, and its drift after the last round. Under adaptive deadlines the peers record a round at
+    different moments, with mass in flight between them, so only the final drift must be ~0 there."""
+    traces, weights = [], []
     for rank in ranks:
         with np.load(out / f"trace-{rank}.npz") as data:  # an NpzFile re-reads an array on every access
             traces.append({int(r): row for r, row in zip(data["rounds"], data["values"])})
+            weights.append(dict(zip(map(int, data["rounds"]), data["weights"])))
     common = sorted(set.intersection(*(set(t) for t in traces)))
     scale = math.sqrt(numel / len(traces[0][common[0]]))
     rows, drift, mean0 = [], 0.0, None
     for round in common:
         stacked = np.stack([t[round] for t in traces]).astype(np.float64)
-        mean = stacked.mean(axis=0)
+        mass = np.array([w[round] for w in weights])
+        mean = mass @ stacked / mass.sum()  # push-sum: the conserved mean is weighted
         mean0 = mean if mean0 is None else mean0
-        drift = max(drift, float(np.linalg.norm(mean - mean0)) * scale)
+        final_drift = float(np.linalg.norm(mean - mean0)) * scale
+        drift = max(drift, final_drift)
         rows.append({"round": round, "distance": consensus_distance(stacked) * scale})
-    return rows, drift
+    return rows, drift, final_drift
 
 
 def peer_result(rank: int, events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -64,7 +74,19 @@ def peer_result(rank: int, events: list[dict[str, Any]]) -> dict[str, Any]:
             "test_loss": test.get("loss"), "test": test, "wall_seconds": end.get("wall_seconds"),
             "bytes_sent": end.get("bytes_sent"), "bytes_received": end.get("bytes_received"),
             "wait_seconds": end.get("wait_seconds"), "samples_per_second": end.get("speed"),
-            "staleness": end.get("staleness"), "dropped": end.get("dropped"), "max_rss_mb": end.get("max_rss_mb")}
+            "step_seconds": end.get("step_seconds"), "neighbour_speeds": end.get("neighbour_speeds"),
+            "staleness": end.get("staleness"), "dropped": end.get("dropped"), "weight": end.get("weight"),
+            "deadline_misses": end.get("deadline_misses"), "late_mixed": end.get("late_mixed"),
+            "stragglers": end.get("stragglers"), "max_rss_mb": end.get("max_rss_mb")}
+
+
+def chronic_stragglers(peers: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """{straggler rank: ranks of the neighbours that reported it as chronic}."""
+    reported: dict[str, list[int]] = {}
+    for p in peers:
+        for straggler in p.get("stragglers") or []:
+            reported.setdefault(str(straggler), []).append(p["rank"])
+    return dict(sorted(reported.items(), key=lambda item: int(item[0])))
 
 
 def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
@@ -76,16 +98,19 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
     finished = [rank for rank in range(cfg.nodes) if (out / f"model-{rank}.pt").exists()]
     states = [torch.load(out / f"model-{rank}.pt", weights_only=True) for rank in finished]
     vectors = np.stack([flat_vector(s) for s in states])
-    trace, drift = consensus_trace(out, finished, vectors.shape[1])
+    trace, drift, final_drift = consensus_trace(out, finished, vectors.shape[1])
     server = server_result(out) if cfg.gossip.parameter_server else None
-    final_metrics = server.get("test", {}) if server else evaluate_average(cfg, states, out)
+    weights = [peers[rank]["weight"] if peers[rank]["weight"] is not None else 1.0 for rank in finished]
+    final_metrics = server.get("test", {}) if server else evaluate_average(cfg, states, weights, out)
     accuracies = [p["test_accuracy"] for p in peers if p["test_accuracy"] is not None]
     summary = {
         "mode": cfg.gossip.mode, "topology": cfg.gossip.topology, "nodes": cfg.nodes, "task": cfg.task,
-        "steps": cfg.steps, "seed": cfg.gossip.seed, "wall_seconds": wall_seconds, "peers": peers,
+        "steps": cfg.steps, "schedule": cfg.gossip.schedule, "rounds": cfg.total_rounds,
+        "seed": cfg.gossip.seed, "wall_seconds": wall_seconds, "peers": peers,
+        "chronic_stragglers": chronic_stragglers(peers),
         "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
         "final_model": final_metrics, "consensus_distance": consensus_distance(vectors),
-        "consensus_trace": trace, "mean_drift": drift, "spectral": spectral(cfg),
+        "consensus_trace": trace, "mean_drift": drift, "final_mean_drift": final_drift, "spectral": spectral(cfg),
         "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers), "failed": failed or [],
     }
     if server:
@@ -99,9 +124,11 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
     return summary
 
 
-def evaluate_average(cfg: RunConfig, states: list[dict[str, torch.Tensor]], out: Path) -> dict[str, float]:
-    """Write ``model-final.pt``, the exact average of the peers' models, and return its test metrics."""
-    final = average_state_dicts(states)
+def evaluate_average(cfg: RunConfig, states: list[dict[str, torch.Tensor]], weights: list[float],
+                     out: Path) -> dict[str, float]:
+    """Write ``model-final.pt``, the exact (push-sum weighted) average of the peers' models, and return its
+    test metrics."""
+    final = average_state_dicts(states, weights)
     torch.save(final, out / "model-final.pt")
     task = build_task(cfg.task, TaskContext(0, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum, cfg.batch_size, cfg.dim))
     if not task.trains:
@@ -122,7 +149,7 @@ def server_result(out: Path) -> dict[str, Any]:
 def spectral(cfg: RunConfig) -> dict[str, Any]:
     if cfg.nodes < 2 or cfg.gossip.parameter_server:
         return {}
-    topology = build_topology(cfg.gossip.topology, cfg.nodes)
+    topology = cfg.gossip.build_topology()
     return {"slem": topology.slem(0), "contraction": topology.contraction(0), "directed": topology.directed,
             "time_varying": topology.time_varying}
 
@@ -156,6 +183,14 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
         lines.append(f"dropped messages         {dropped} (by peer, by reason; see peer-<rank>.log)")
     if summary["failed"]:
         lines.append(f"died and left out        {', '.join(summary['failed'])}")
+    for straggler, reporters in summary["chronic_stragglers"].items():
+        lines.append(f"chronic straggler        peer {straggler} (missed its deadlines at peer(s) "
+                     f"{', '.join(map(str, reporters))}; its messages were mixed late)")
+    taus = [(int(t), n) for p in summary["peers"] for t, n in (p["staleness"] or {}).items()]
+    if taus:
+        mean_tau = sum(t * n for t, n in taus) / sum(n for _, n in taus)
+        lines.append(f"staleness (own steps)    mean {mean_tau:.2f}, max {max(t for t, _ in taus)} "
+                     f"(histograms per peer in summary.json)")
     lines.append(f"wall time                {summary['wall_seconds']:.1f} s")
     lines.append(f"bytes sent (all peers)   {summary['bytes_sent'] / 1e6:.1f} MB")
     lines.append(f"results                  {out}/ (summary.json, summary.png, peer-<rank>.jsonl, model-*.pt)")

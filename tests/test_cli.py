@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from launch.cli import FLAGS, build_parser
+from launch.cli import FLAGS, PER_PEER_DEFAULTS, build_parser
 from tests.conftest import ROOT, free_base_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,7 +29,8 @@ def test_help_shows_every_flag_with_its_default():
         assert flag in text, flag
         if name != "out":
             default = parser.get_default(name)
-            shown = ",".join(map(str, default)) or "all 1" if isinstance(default, tuple) else str(default)
+            per_peer = isinstance(default, tuple)
+            shown = ",".join(map(str, default)) or PER_PEER_DEFAULTS[name] if per_peer else str(default)
             usage = f"{flag}, --no-{flag[2:]}" if isinstance(default, bool) else f"{flag} {name.upper()}"
             assert usage in text, usage
             assert f"(default:{shown})".replace(" ", "") in squeezed, (flag, shown)
@@ -59,6 +60,20 @@ def test_defaults_are_four_peers_on_a_ring_training_digits():
     (["--mode", "ps-ssp", "--staleness-bound", "-1"], "--staleness-bound must be >= 0, got -1"),
     (["--mode", "ps-dcasgd", "--dc-lambda", "-0.5"], "--dc-lambda must be a number >= 0"),
     (["--mode", "ps-avg", "--local-steps", "0"], "--local-steps must be >= 1, got 0"),
+    (["--schedule", "clock"], "--schedule 'clock' is not valid; choose one of: steps, time"),
+    (["--schedule", "time"], "--schedule time needs --rounds N"),
+    (["--rounds", "10"], "--rounds applies to --schedule time"),
+    (["--schedule", "time", "--rounds", "5", "--round-seconds", "0"], "--round-seconds must be a positive number"),
+    (["--deadline", "soon"], "--deadline 'soon' is not valid; choose one of: fixed, adaptive"),
+    (["--mode", "gossip-async", "--deadline", "adaptive"], "need --mode gossip-sync"),
+    (["--weight-by", "bytes"], "--weight-by 'bytes' is not valid; choose one of: none, samples"),
+    (["--straggler-fraction", "1.5"], "--straggler-fraction must be in (0, 1)"),
+    (["--deadline-window", "2"], "--deadline-window must be >= 3"),
+    (["--partners", "similar-speed"], "--partners similar-speed: partner choice by speed applies to the random"),
+    (["--link-mbit", "0,10"], "--link-mbit lists 2 values for 4 peers; give one per peer"),
+    (["--link-mbit", "0,0,0,-1"], "--link-mbit must be rates in Mbit/s >= 0"),
+    (["--link-latency-ms", "1,2,3"], "--link-latency-ms lists 3 values for 4 peers"),
+    (["--mode", "ps-sync", "--schedule", "time", "--rounds", "5"], "--schedule time and --partners apply to the gossip modes"),
 ])
 def test_bad_input_gives_one_clear_line_and_exit_2(args, expected, tmp_path):
     proc = launch(*args, "--out", str(tmp_path / "out"), "--base-port", str(free_base_port(8)))

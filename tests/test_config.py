@@ -109,6 +109,17 @@ def test_json_round_trip_gives_an_equal_object():
     assert RunConfig.from_dict(json.loads(RunConfig().to_json())) == RunConfig()
 
 
+def test_json_round_trip_keeps_the_heterogeneity_options():
+    cfg = RunConfig(nodes=4, rounds=7, link_mbit=(0, 0, 0, 100.0), gossip=GossipConfig(
+        world_size=4, topology="random", schedule="time", round_seconds=0.25, weight_by="samples",
+        deadline="adaptive", deadline_k=2.0, partners="similar-speed", peer_speeds=(1, 1, 1, 0.25),
+        link_latency_ms=(0, 5.0, 0, 20.0)))
+    again = RunConfig.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg and again.total_rounds == 7
+    assert isinstance(again.link_mbit, tuple) and isinstance(again.gossip.link_latency_ms, tuple)
+
+
+
 def test_for_rank_sets_only_the_rank():
     cfg = run_config(4, steps=9)
     third = cfg.for_rank(2)

@@ -198,7 +198,7 @@ def test_header_that_is_not_a_map(obj):
     assert info.value.reason == "header"
 
 
-@pytest.mark.parametrize("key", ["v", "r", "step", "round", "n", "sp", "w", "fp", "seg", "ch"])
+@pytest.mark.parametrize("key", ["v", "r", "step", "round", "n", "sp", "st", "w", "fp", "seg", "ch"])
 def test_missing_field(key):
     assert reason_of(with_header(valid_frames(), drop=(key,))) == "field"
 
@@ -356,7 +356,7 @@ _scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.fl
             | st.text(max_size=20) | st.binary(max_size=20))
 _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4)
                        | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=8)
-_keys = st.sampled_from(["v", "k", "r", "round", "step", "n", "sp", "w", "fp", "seg", "ch"]) | st.text(max_size=6)
+_keys = st.sampled_from(["v", "k", "r", "round", "step", "n", "sp", "st", "w", "fp", "seg", "ch"]) | st.text(max_size=6)
 # Values near the valid ones, so that mutations also reach the later checks.
 _plausible = (st.integers(-2, 6) | st.sampled_from([MAX_INT - 1, MAX_INT, 64, 128, 256, 320, 512, 4096])
               | st.sampled_from(["hello", "params", TWO_SEGMENTS.fingerprint, "float32", "float64", "int8"])
@@ -380,7 +380,7 @@ def test_arbitrary_maps_raise_only_protocol_error(obj):
 
 
 @FUZZ
-@given(st.sampled_from(["v", "k", "r", "round", "step", "n", "sp", "w", "fp", "seg", "ch"]), _plausible | _values,
+@given(st.sampled_from(["v", "k", "r", "round", "step", "n", "sp", "st", "w", "fp", "seg", "ch"]), _plausible | _values,
        st.booleans())
 def test_a_valid_message_with_one_field_mutated_decodes_or_raises_protocol_error(key, value, delete):
     frames = valid_frames()

@@ -19,9 +19,11 @@ from . import exponential, full, random_graph, ring, star, torus
 from .base import Topology
 from .errors import ConfigError
 from .graph import is_connected, metropolis_hastings
+from .partners import prefer_similar, speed_classes
 from .registry import build, names, register
 
 # Importing a topology module registers it; naming them here keeps linters from calling them unused.
 TOPOLOGY_MODULES = (exponential, full, random_graph, ring, star, torus)
 
-__all__ = ["ConfigError", "Topology", "build", "is_connected", "metropolis_hastings", "names", "register"]
+__all__ = ["ConfigError", "Topology", "build", "is_connected", "metropolis_hastings", "names", "prefer_similar",
+           "register", "speed_classes"]

@@ -10,6 +10,8 @@ peer derives the same graph without talking to anyone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .base import Topology
@@ -29,8 +31,15 @@ def default_degree(world_size: int) -> int:
     return 3 if world_size % 2 == 0 else 4
 
 
-def sample_regular(world_size: int, degree: int, rng: np.random.Generator) -> np.ndarray:
-    """Adjacency of a random connected ``degree``-regular graph; any valid (n, D) succeeds."""
+Permute = Callable[[np.random.Generator], np.ndarray]  # draws the order in which a layer visits the ranks
+
+
+def sample_regular(world_size: int, degree: int, rng: np.random.Generator,
+                   permute: Permute | None = None) -> np.ndarray:
+    """Adjacency of a random connected ``degree``-regular graph; any valid (n, D) succeeds.
+
+    ``permute`` draws each sparse layer's visiting order (default: uniform); a biased order makes
+    consecutive ranks, hence edges, likelier between chosen ranks. Dense graphs ignore it."""
     if 2 * degree > world_size - 1:
         # Dense: sample the sparse complement instead. Its complement has minimum degree >= n/2, so any
         # two ranks share a neighbour and the graph is connected without needing a Hamiltonian cycle.
@@ -38,7 +47,7 @@ def sample_regular(world_size: int, degree: int, rng: np.random.Generator) -> np
         if complement is not None:
             return ~complement & ~np.eye(world_size, dtype=bool)
     else:
-        adjacency = _sample_layers(world_size, degree, rng)
+        adjacency = _sample_layers(world_size, degree, rng, permute)
         if adjacency is not None:
             return adjacency
     return _circulant(world_size, degree, rng)  # same rng stream: still a pure function of (seed, round)
@@ -49,7 +58,8 @@ def _layer_edges(order: np.ndarray, cycle: bool) -> tuple[np.ndarray, np.ndarray
     return (order, np.roll(order, -1)) if cycle else (order[0::2], order[1::2])
 
 
-def _sample_layers(world_size: int, degree: int, rng: np.random.Generator) -> np.ndarray | None:
+def _sample_layers(world_size: int, degree: int, rng: np.random.Generator,
+                   permute: Permute | None = None) -> np.ndarray | None:
     """floor(D/2) edge-disjoint random Hamiltonian cycles plus, for odd D, a perfect matching (connected
     for D >= 2 by the first cycle); None when the repair budget runs out.
 
@@ -61,7 +71,7 @@ def _sample_layers(world_size: int, degree: int, rng: np.random.Generator) -> np
     taken = np.zeros((world_size, world_size), dtype=bool)
     repairs_left = min(REPAIRS_PER_EDGE * world_size * degree // 2, MAX_REPAIRS)
     for cycle in [True] * (degree // 2) + [False] * (degree % 2):
-        order = rng.permutation(world_size)
+        order = permute(rng) if permute is not None else rng.permutation(world_size)
         while (clashes := np.flatnonzero(taken[_layer_edges(order, cycle)])).size:
             if repairs_left == 0:
                 return None

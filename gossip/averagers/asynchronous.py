@@ -5,6 +5,11 @@ tau_j is the number of our own local steps since neighbour j's snapshot arrived;
 at every mixing point until a newer one replaces it or tau_j exceeds ``max_staleness``. W_ij is taken from
 the round in which j sent the snapshot, so time-varying graphs work although peers are in different rounds.
 Sends keep only the newest unsent snapshot per neighbour, so a slow link or a dead peer never stalls us.
+
+tau counts from arrival, not production: the transit time is not counted (peers share no clock), which on
+a LAN is far below one step. Observability: ``statistics()["staleness"]`` is the histogram {tau: snapshots
+mixed at that tau} (end event and summary), and ``last_mix`` the latest mix's coefficients (step events),
+from which the weights can be checked against f.
 """
 
 from __future__ import annotations
@@ -17,14 +22,17 @@ from gossip.mixing import stale_weights
 
 
 class AsyncGossip(Averager):
-    def _close_flush_seconds(self) -> float:
-        # Snapshots are best effort, and a neighbour that already finished would never take ours; but a
-        # hello or snapshot to a neighbour still connecting deserves a moment.
-        return min(1.0, self.config.shutdown_timeout)
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.staleness: Counter[int] = Counter()  # tau of every snapshot mixed
         self.ignored_stale = 0
+        # The coefficients of the latest mix, {"self": a, "<j>": [tau_j, W_ij, c_j]}, for the step log.
+        self.last_mix: dict[str, object] = {}
+
+    def _close_flush_seconds(self) -> float:
+        # Snapshots are best effort, and a neighbour that already finished would never take ours; but a
+        # hello or snapshot to a neighbour still connecting deserves a moment.
+        return min(1.0, self.config.shutdown_timeout)
 
     def _make_mailbox(self) -> LatestMailbox:
         def expects(sender: int, round: int) -> bool:
@@ -50,6 +58,8 @@ class AsyncGossip(Averager):
         self_coef, coefs = stale_weights(self_weight, neighbours, cfg.staleness_weight,
                                          cfg.staleness_temperature, cfg.max_staleness)
         self.ignored_stale += len(neighbours) - len(coefs)
+        self.last_mix = {"self": self_coef,
+                         **{str(j): [neighbours[j][1], neighbours[j][0], c] for j, c in coefs.items()}}
         if not coefs:
             return None
         # x <- a x + sum_j c_j s_j, written as x += (a - 1) x + sum_j c_j s_j so it runs as one fused pass
@@ -62,4 +72,4 @@ class AsyncGossip(Averager):
 
     def statistics(self) -> dict:
         return {**super().statistics(), "staleness": dict(sorted(self.staleness.items())),
-                "ignored_stale": self.ignored_stale}
+                "ignored_stale": self.ignored_stale, "last_mix": self.last_mix}

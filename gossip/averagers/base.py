@@ -1,9 +1,20 @@
 """What every averager shares: counting steps, deciding when to mix, sockets, hellos and statistics.
 
-*When* to mix (every ``gossip_every`` local steps) lives here; *how* to mix lives in each subclass's
-``_gossip`` (the split of PyTorch's model-averaging package). ``step()`` is called by the training thread
-after each optimizer step, so parameters only ever change between two steps, never inside a
-forward/backward pass.
+*When* to mix lives here; *how* to mix lives in each subclass's ``_gossip`` (the split of PyTorch's
+model-averaging package). ``step()`` is called by the training thread after each optimizer step, so
+parameters only ever change between two steps, never inside a forward/backward pass. Two schedules:
+
+- ``steps``: a mixing point every ``gossip_every`` local steps, so every peer does the same steps per round
+  and a slow peer sets the pace of its neighbours.
+- ``time``: mixing point r is the first step boundary at least r * ``round_seconds`` after the peer started
+  (after its first neighbours answered), plus the time it has spent waiting for neighbours. Rounds are
+  wall-clock periods, anchored so an overshoot does not accumulate, and a fast peer does as many local steps
+  as fit in each: it never idles for a slow one (the node-speed-aware scheduling of DESIGN section 4).
+  Waiting shifts the anchor, so peers that came up at different moments fall into phase after one round.
+  A peer whose single step outlasts a round mixes after every step.
+
+Every peer measures its own pace (``SpeedMeter``: seconds per step, samples per second, busy seconds per
+round), sends it in every message header, and notes what its neighbours report.
 """
 
 from __future__ import annotations
@@ -39,16 +50,24 @@ class Averager(ABC):
         self.rank = config.rank
         self.local_step = 0
         self.rounds = 0  # completed mixes
+        self.mixing_points = 0  # calls of _gossip so far
         self.samples = 0
+        self._mixed_at = (0, 0)  # (local_step, samples) at the last mixing point
+        self._anchor = self._round_began = time.monotonic()  # reset when start() returns
         self.speed = SpeedMeter()
         self.wait_seconds = 0.0  # blocked on neighbours
+        self._waited_at_tick = 0.0
         self.mix_seconds = 0.0
         self.mailbox = self._make_mailbox()
         ranks = config.world_size + (1 if config.parameter_server else 0)  # the server is the last rank
         endpoints = [config.endpoint(r) for r in range(ranks)]
+        latency = [ms / 1000 for ms in config.link_latency_ms] or [0.0] * config.world_size
+        latency += [0.0] * (ranks - len(latency))  # the parameter server's access has no emulated latency
         self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
                                    queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
-                                   recv_queue=max(64, 4 * ranks), keys=transport_keys(config, self.rank))
+                                   recv_queue=max(64, 4 * ranks), keys=transport_keys(config, self.rank),
+                                   # one-way latency of a link = that of the sender's access plus the receiver's
+                                   delays=[latency[self.rank] + latency[dest] for dest in range(ranks)])
         self._closed = False
 
     @abstractmethod
@@ -65,8 +84,10 @@ class Averager(ABC):
         return self.topology.neighbors(self.rank, 0) if self.config.world_size > 1 else ()
 
     def _due(self) -> bool:
-        """Is this step a mixing point? (When to mix, kept apart from how.)"""
-        return self.config.world_size > 1 and self.local_step % self.config.gossip_every == 0
+        """Is this step a mixing point of the schedule? (When to mix, kept apart from how.)"""
+        if self.config.schedule == "steps":
+            return self.local_step % self.config.gossip_every == 0
+        return time.monotonic() >= self._anchor + (self.mixing_points + 1) * self.config.round_seconds
 
     def _close_flush_seconds(self) -> float:
         """How long close() may spend delivering what is queued: the final sync round must arrive."""
@@ -77,6 +98,7 @@ class Averager(ABC):
         """Bind, then wait (``startup_timeout``) until the first peers to talk to have answered."""
         self.transport.start()
         self._greet()
+        self._anchor = self._round_began = time.monotonic()  # schedule "time" counts rounds from here
         return self
 
     def _greet(self) -> None:
@@ -87,15 +109,30 @@ class Averager(ABC):
         self.mailbox.wait_hellos(neighbours, self.config.startup_timeout)
 
     def step(self, samples: int = 0) -> bool:
-        """Call after every optimizer step; mixes every ``gossip_every`` steps. True when it mixed."""
+        """Call after every optimizer step; mixes at each mixing point of the schedule. True when it did."""
         self.local_step += 1
         self.samples += samples
         self.mailbox.local_step = self.local_step
-        self.speed.tick(samples)
+        self.speed.tick(samples, waited=self.wait_seconds - self._waited_at_tick)
+        self._waited_at_tick = self.wait_seconds
         if not self._due():
             return False
-        self._gossip()
+        self.speed.round_done(time.monotonic() - self._round_began)
+        waited = self.wait_seconds
+        if self.config.world_size > 1 or self.config.parameter_server:  # alone, a mixing point only counts
+            self._gossip()
+        # Time spent waiting shifts our rounds instead of shortening the next one: a neighbour whose rounds
+        # started later (start-up order, or it was held up) is then in phase with us from the next round on.
+        self._anchor += self.wait_seconds - waited
+        self.mixing_points += 1
+        self._mixed_at = (self.local_step, self.samples)
+        self._round_began = time.monotonic()
         return True
+
+    def _represented_since_mix(self) -> int:
+        """Samples trained since the last mixing point, or local steps when the task counts no samples."""
+        steps, samples = self.local_step - self._mixed_at[0], self.samples - self._mixed_at[1]
+        return samples if samples > 0 else steps
 
     def close(self, finish: bool = True) -> None:
         """Complete the round in flight and flush (``finish``), or drop everything and close at once."""
@@ -117,16 +154,23 @@ class Averager(ABC):
     def statistics(self) -> dict[str, Any]:
         return {"step": self.local_step, "rounds": self.rounds, "samples": self.samples, "max_rss_mb": max_rss_mb(),
                 "speed": self.speed.samples_per_second, "step_seconds": self.speed.step_seconds,
-                "wait_seconds": self.wait_seconds, "mix_seconds": self.mix_seconds,
+                "round_busy_seconds": self.speed.round_seconds, "wait_seconds": self.wait_seconds,
+                "mix_seconds": self.mix_seconds, "neighbour_speeds": self._neighbour_speeds(),
                 **self.transport.statistics()}
 
+    def _neighbour_speeds(self) -> dict[str, float]:
+        """Samples per second each neighbour last reported."""
+        return {str(j): header.speed for j, header in sorted(self.mailbox.reported.items())}
+
     # -- shared helpers --------------------------------------------------------------------------------
-    def _send_snapshot(self, round: int, *, latest_only: bool, snapshot: list | None = None) -> list:
-        """Queue a copy of the weights (``snapshot``, or one taken now) for this round's out-neighbours;
-        returns the copy."""
+    def _send_snapshot(self, round: int, *, latest_only: bool, snapshot: list | None = None,
+                       weight: float = 1.0) -> list:
+        """Queue a copy of the weights (``snapshot``, or one taken now) for this round's out-neighbours, with
+        push-sum mass ``weight``; returns the copy."""
         snapshot = snapshot if snapshot is not None else self.flat.snapshot()
         header = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
-                               step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second)
+                               step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second,
+                               step_seconds=self.speed.step_seconds, weight=weight)
         frames = encode(header, snapshot)
         self.transport.post(self.topology.out_neighbors(self.rank, round), frames, latest_only=latest_only,
                             timeout=self.config.send_timeout)

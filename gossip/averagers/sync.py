@@ -1,54 +1,155 @@
-"""Synchronous gossip, D-PSGD (Lian et al., "Can Decentralized Algorithms Outperform Centralized
-Algorithms?", NeurIPS 2017): x_i <- sum_j W_ij x_j with the neighbours' weights of the same round, and
-the local gradient step computed while the exchange is in flight.
+"""Synchronous gossip: D-PSGD (Lian et al., "Can Decentralized Algorithms Outperform Centralized
+Algorithms?", NeurIPS 2017) written as push-sum (Kempe, Dobra & Gehrke, "Gossip-based computation of
+aggregate information", FOCS 2003; Assran et al., "Stochastic Gradient Push for Distributed Deep
+Learning", ICML 2019), with the local step computed while the exchange is in flight.
 
-At mixing point r a peer sends a snapshot s_i of its weights for round r and returns to training at once.
-At mixing point r + 1 it waits (only for its in-neighbours; there is no global barrier) for their round-r
-snapshots and adds sum_j W_ij (s_j - s_i) to its weights, which by then also hold the local progress made
-meanwhile. With no local progress this is exactly x <- W x per round; since the columns of W sum to
-one, the correction sums to zero over peers and the mean of the weights is preserved.
+Besides its model z_i every peer holds a weight w_i; x_i = w_i z_i is its part of the network's mass. At
+mixing point r it takes a snapshot (s_i, w_i^s), keeps the share W_ii of that mass and pushes the share
+W_ki to each out-neighbour k (it sends s_i and w_i^s once; the receiver takes its share from the same W),
+then returns to training. At mixing point r + 1, its model holding the local progress made meanwhile, it
+adds what arrived, a message from j carrying the mass m_j = W_ij w_j^s:
+
+    x_i = w_i^s z_i - (1 - W_ii) w_i^s s_i + sum_j m_j s_j,    w_i = W_ii w_i^s + sum_j m_j,    z_i = x_i / w_i
+
+The columns of W sum to one, so no mass is created or lost whichever round a message is mixed in:
+sum_i x_i / sum_i w_i moves only by local progress. With every message on time and every w = 1 (W doubly
+stochastic) this is exactly D-PSGD's z_i += sum_j W_ij (s_j - s_i), i.e. x <- W x per round.
+
+How long to wait (``deadline``):
+
+- ``fixed``: for every in-neighbour's round-r message, up to ``round_timeout``, then fail naming it.
+  The peers stay in lockstep and the run follows x <- W x exactly (tests check this to 1e-12).
+- ``adaptive``: for each in-neighbour at most its learned deadline (``gossip/deadlines.py``), then mix what
+  has arrived. A message that missed its round is merged into its sender's pending mass
+  (``MassMailbox``) and mixed at a later mixing point, so the mean is kept although no round waits for a
+  straggler. At the end a peer waits for every message addressed to it, so the final mass is complete.
+
+``weight_by="samples"``: before each snapshot the weight is set to the samples trained since the previous
+mixing point (z unchanged), so a contribution counts in proportion to the samples it represents, and
+push-sum makes each round's result exactly the sample-weighted average of what was mixed, without the
+drift that renormalising each peer's own row would cause.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from gossip.averagers.base import Averager
-from gossip.mailbox import RoundMailbox
+from gossip.deadlines import ArrivalDeadlines
+from gossip.mailbox import MassMailbox, RoundMailbox
 
 
 class SyncGossip(Averager):
-    _pending: tuple[int, list[torch.Tensor]] | None = None
+    _pending: tuple[int, list[torch.Tensor], float] | None = None  # (round, snapshot, its weight)
 
-    def _make_mailbox(self) -> RoundMailbox:
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.config
+        self.weight = 1.0  # push-sum weight w_i; the model holds z_i = x_i / w_i
+        self.late_mixed = 0  # messages mixed after the round they were sent for
+        self.deadlines = ArrivalDeadlines(self.rank, cfg.deadline_k, cfg.deadline_floor, cfg.deadline_window,
+                                          cfg.straggler_fraction, cfg.pace_tolerance)
+        self._wait_started: dict[int, float] = {}  # round -> when we started waiting for it (adaptive)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.config.deadline == "adaptive"
+
+    def _make_mailbox(self) -> RoundMailbox | MassMailbox:
         def expects(sender: int, round: int) -> bool:
             return sender in self.topology.in_neighbors(self.rank, round)
 
+        def share(sender: int, round: int) -> float:
+            return float(self.topology.mixing_matrix(round)[self.rank, sender])
+
+        if self.config.deadline == "adaptive":
+            return MassMailbox(self.rank, self.config.world_size, self.flat.layout, expects, share)
         return RoundMailbox(self.rank, self.config.world_size, self.flat.layout, expects,
                             window=max(2, self.config.world_size))
 
     def _gossip(self) -> None:
         snapshot = self._complete_round(take_snapshot=True)
+        if self.config.weight_by == "samples":
+            self.weight = float(self._represented_since_mix())
         round = self.rounds
-        self._pending = (round, self._send_snapshot(round, latest_only=False, snapshot=snapshot))
+        sent = self._send_snapshot(round, latest_only=False, snapshot=snapshot, weight=self.weight)
+        self._pending = (round, sent, self.weight)
 
     def _finish(self) -> None:
         self._complete_round(take_snapshot=False)
 
     def _complete_round(self, take_snapshot: bool) -> list[torch.Tensor] | None:
-        """Wait for the pending round's messages and mix them in; optionally return the next snapshot,
-        copied while the mixed weights are still in cache."""
+        """Add what arrived for the pending round (and, adaptive, any late mass); optionally return the
+        next snapshot, copied while the mixed weights are still in cache."""
         if self._pending is None:
             return None
-        round, own = self._pending
+        round, own, own_weight = self._pending
         self._pending = None
-        senders = self.topology.in_neighbors(self.rank, round)
-        with self._timed_wait():
-            messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
-        row = self.topology.mixing_matrix(round)[self.rank]
-        terms = [(-float(sum(row[j] for j in senders)), own)]
-        terms += [(float(row[sender]), message.chunks) for sender, message in messages.items()]
+        arrived = self._receive(round, final=not take_snapshot)
+        keep = float(self.topology.mixing_matrix(round)[self.rank, self.rank])
+        total = keep * own_weight + sum(mass for mass, _ in arrived)
+        terms = [(own_weight / total - 1.0, list(self.flat.views()))] if own_weight != total else []
+        terms.append((-(1.0 - keep) * own_weight / total, own))
+        terms += [(mass / total, chunks) for mass, chunks in arrived if mass > 0]
         with self._timed_mix():
             snapshot = self.flat.combine_(terms, snapshot=take_snapshot)
+        self.weight = total
         self.rounds = round + 1
         return snapshot
+
+    def _receive(self, round: int, final: bool) -> list[tuple[float, list[torch.Tensor]]]:
+        """(mass, model chunks) of everything to add when completing ``round``."""
+        senders = self.topology.in_neighbors(self.rank, round)
+        if not self.adaptive:
+            with self._timed_wait():
+                messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
+            row = self.topology.mixing_matrix(round)[self.rank]
+            return [(float(row[j]) * m.header.weight, m.chunks) for j, m in messages.items()]
+        with self._timed_wait():
+            if final:
+                self.mailbox.wait_counts(self._expected_counts(round), self.config.round_timeout)
+            else:
+                self._wait_deadlines(round, senders)
+        self._note_arrivals(round)
+        return [(held.mass, held.chunks) for held in self.mailbox.take_all().values()]
+
+    def _wait_deadlines(self, round: int, senders: tuple[int, ...]) -> None:
+        start = self._wait_started[round] = time.monotonic()
+        self._note_arrivals(round)
+        # s/step times steps per round, as peers report theirs; this is mixing point mixing_points + 1
+        own_pace = self.speed.step_seconds * self.local_step / (self.mixing_points + 1)
+        deadlines = {j: start + self.deadlines.deadline(j, self.config.round_timeout, own_pace,
+                                                        self.mailbox.reported_pace(j)) for j in senders}
+        missed = self.mailbox.wait_for(round, deadlines)
+        for j in senders:
+            self.deadlines.settle(j, j in missed)
+        for old in [r for r in self._wait_started if r < round - 4 * self.config.deadline_window]:
+            del self._wait_started[old]
+
+    def _note_arrivals(self, round: int) -> None:
+        """Lateness of every message that arrived since we last looked, relative to the start of our wait
+        for its round (0 if it came before we waited for it); count those that missed their round."""
+        for sender, sent_for, arrived in self.mailbox.take_arrivals():
+            late = sent_for < round
+            self.late_mixed += late
+            started = self._wait_started.get(sent_for)
+            if started is not None or not late:  # lateness unknown once its round is forgotten
+                self.deadlines.observe(sender, arrived - started if started is not None else 0.0)
+
+    def _expected_counts(self, last_round: int) -> dict[int, int]:
+        """How many messages each in-neighbour sends us in rounds 0..last_round."""
+        if not self.topology.time_varying:
+            return {sender: last_round + 1 for sender in self.topology.in_neighbors(self.rank, 0)}
+        counts: dict[int, int] = {}
+        for round in range(last_round + 1):
+            for sender in self.topology.in_neighbors(self.rank, round):
+                counts[sender] = counts.get(sender, 0) + 1
+        return counts
+
+    def statistics(self) -> dict:
+        stats = {**super().statistics(), "weight": self.weight}
+        if self.adaptive:
+            stats.update(self.deadlines.statistics(), late_mixed=self.late_mixed)
+        return stats
