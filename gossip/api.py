@@ -21,13 +21,15 @@ from gossip.flat import FlatParams
 
 
 def attach(model: nn.Module, config: GossipConfig | None = None, coordinator: CoordinatorConfig | None = None,
-           **overrides: Any) -> Averager:
+           resume: dict[str, Any] | None = None, **overrides: Any) -> Averager:
     """Flatten ``model``'s parameters, open the sockets and wait for the first neighbours (or, in the
     parameter-server modes, for the server's weights).
 
     Keyword arguments override fields of ``config`` (see ``GossipConfig`` for every option and default);
-    ``coordinator`` holds the parameter-server settings. In the ps-* modes that send gradients
-    (``averager.sends_gradients``), call ``averager.step()`` instead of ``optimizer.step()``.
+    ``coordinator`` holds the parameter-server settings. ``resume``: this process restarts a peer, with the
+    counters of its checkpoint (see ``Averager.start``); it rejoins the others where they are. In the
+    ps-* modes that send gradients (``averager.sends_gradients``), call ``averager.step()`` instead of
+    ``optimizer.step()``.
     """
     try:
         config = dataclasses.replace(config or GossipConfig(), **overrides)
@@ -37,6 +39,6 @@ def attach(model: nn.Module, config: GossipConfig | None = None, coordinator: Co
     if config.parameter_server:
         from gossip.coordinator.worker import PSWorker
 
-        return PSWorker(flat, config, coordinator or CoordinatorConfig()).start()
+        return PSWorker(flat, config, coordinator or CoordinatorConfig()).start(resume)
     topology = config.build_topology() if config.world_size > 1 else None
-    return AVERAGERS[config.mode](flat, config, topology).start()
+    return AVERAGERS[config.mode](flat, config, topology).start(resume)

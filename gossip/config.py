@@ -61,6 +61,7 @@ class GossipConfig:
     chunk_mb: float = 8.0  # payload frame size; 8-16 MiB keeps glibc from mapping every frame anew
     queue_depth: int = 8  # messages queued per neighbour before a sync send blocks
     round_timeout: float = 60.0  # seconds a sync peer waits for its neighbours in one round
+    peer_timeout: float = 3.0  # a neighbour disconnected (or silent to heartbeats) this long is dead
     startup_timeout: float = 120.0  # seconds a peer waits for its first neighbours to come up
     send_timeout: float = 60.0  # seconds a message may wait for a slow or absent receiver
     shutdown_timeout: float = 10.0  # seconds to flush outgoing messages on close
@@ -98,7 +99,7 @@ class GossipConfig:
         _check_int(self, "max_staleness", minimum=0)
         _check_int(self, "queue_depth", minimum=1)
         _check_int(self, "base_port", minimum=1, maximum=65535 - self.world_size)
-        _check_positive(self, "staleness_temperature", "round_timeout", "startup_timeout", "send_timeout",
+        _check_positive(self, "staleness_temperature", "round_timeout", "peer_timeout", "startup_timeout", "send_timeout",
                         "shutdown_timeout")
         if not (_is_real(self.chunk_mb) and 0.0625 <= self.chunk_mb <= 64):
             raise ConfigError(f"--chunk-mb {self.chunk_mb} is out of range; use a value in 0.0625..64 (8 is good)")

@@ -39,7 +39,7 @@ class Mailbox:
     ``accepts`` names the message kinds this mailbox files; any other kind is dropped.
     """
 
-    accepts: frozenset[str] = frozenset({"hello", "params"})
+    accepts: frozenset[str] = frozenset({"hello", "params", "welcome"})
 
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
         self.rank = rank
@@ -48,8 +48,17 @@ class Mailbox:
         self.expects = expects
         self.local_step = 0  # written by the training thread, read at arrival
         self._cond = threading.Condition()
-        self._hellos: set[int] = set()
+        self._heard: set[int] = set()  # senders we have had any message from
         self.reported: dict[int, Header] = {}  # sender -> the header of its latest message (speed, pace)
+        # Liveness (gossip modes): see ``link``, ``dead`` and ``take_restarted``.
+        self.peer_timeout = 3.0
+        self._down_since: dict[int, float] = {}  # neighbour -> when our connection to it dropped
+        self._restarted: set[int] = set()  # said hello a second time: a new incarnation, not yet re-admitted
+        self._declared: set[int] = set()  # declared dead and not re-admitted since
+        self._up: set[int] = set()  # neighbours we have completed a handshake with at least once
+        self.first: dict[int, Header] = {}  # each sender's first non-hello message header (for rejoining)
+        self.keep_first = False  # rejoining without a checkpoint: also keep each sender's first model
+        self._first_models: dict[int, list[torch.Tensor]] = {}
 
     def deliver(self, authenticated: int | None, frames: Sequence[Any]) -> None:
         """The transport's handler: ``authenticated`` is the sender's rank proven by its CURVE key, or None."""
@@ -61,13 +70,83 @@ class Mailbox:
             raise ProtocolError("sender", f"a message claims to come from ourselves (peer {sender})")
         if message.header.kind not in self.accepts:
             raise ProtocolError("kind", f"a {message.header.kind} message from peer {sender} has no place here")
+        kind = message.header.kind
         with self._cond:
-            if message.header.kind == "hello":
-                self._hellos.add(sender)
+            if kind == "welcome":  # we restarted, and ``sender`` takes us back in its round
+                self.first.setdefault(sender, message.header)
+            elif kind == "hello":
+                if sender in self._heard or sender in self._declared:  # it started again: a new incarnation
+                    self._restarted.add(sender)
+                    self._restart(sender)
             else:
                 self.reported[sender] = message.header
-            self._file(message)
+                if self.keep_first and sender in self.first and message.chunks:
+                    self._first_models.setdefault(sender, [c.clone() for c in message.chunks])
+            self._heard.add(sender)
+            if kind != "welcome":
+                self._file(message)
             self._cond.notify_all()
+
+    def _restart(self, sender: int) -> None:
+        """Forget per-sender state that a new incarnation of ``sender`` starts over (lock held)."""
+
+    # -- liveness --------------------------------------------------------------------------------------
+    def link(self, peer: int, up: bool) -> None:
+        """The transport's monitor: our connection to ``peer`` dropped (``up`` False) or was (re)made."""
+        with self._cond:
+            if up:
+                self._down_since.pop(peer, None)
+                self._up.add(peer)
+            else:
+                self._down_since.setdefault(peer, time.monotonic())
+            self._cond.notify_all()
+
+    def _dead(self) -> set[int]:
+        """Neighbours not to wait for (lock held): disconnected for ``peer_timeout`` seconds, declared dead,
+        or replaced by a new incarnation that is not re-admitted yet."""
+        now = time.monotonic()
+        lost = {j for j, since in self._down_since.items() if now - since >= self.peer_timeout}
+        return lost | self._declared | self._restarted
+
+    def dead(self) -> set[int]:
+        with self._cond:
+            return self._dead()
+
+    def declare_dead(self, peers: Iterable[int]) -> None:
+        with self._cond:
+            self._declared.update(peers)
+
+    def take_restarted(self) -> set[int]:
+        """Neighbours that came back since we last asked; they count as alive again from now on."""
+        with self._cond:
+            back, self._restarted = self._restarted, set()
+            for peer in back:
+                self._declared.discard(peer)
+                self._down_since.pop(peer, None)
+            return back
+
+    def take_first_models(self) -> dict[int, list[torch.Tensor]]:
+        with self._cond:
+            models, self._first_models, self.keep_first = self._first_models, {}, False
+            return models
+
+    def wait_first(self, senders: Iterable[int], timeout: float) -> dict[int, Header]:
+        """Rejoining: wait up to ``timeout`` for the welcome of each of ``senders``, or for it to be dead; a
+        sender we could not even connect to within ``peer_timeout`` has finished or died: no wait for it.
+        The welcomes that came."""
+        senders = set(senders)
+        began = time.monotonic()
+
+        def missing() -> set[int]:
+            unreachable = set() if time.monotonic() - began < self.peer_timeout else senders - self._up
+            waiting = senders - self.first.keys() - self._dead() - unreachable
+            if self.keep_first:  # and, to pull, the model each welcome is followed by
+                waiting |= {j for j in self.first.keys() & senders if j not in self._first_models}
+            return waiting
+
+        self._wait(missing, timeout)
+        with self._cond:
+            return {j: self.first[j] for j in senders if j in self.first}
 
     def _file(self, message: Message) -> None:
         """File a validated message, hellos included (called with the lock held)."""
@@ -81,7 +160,7 @@ class Mailbox:
         return header.step_seconds * header.step / (header.round + 1)
 
     def wait_hellos(self, senders: Iterable[int], timeout: float) -> None:
-        missing = self._wait(lambda: set(senders) - self._hellos, timeout)
+        missing = self._wait(lambda: set(senders) - self._heard, timeout)
         if missing:
             raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {_ranks(missing)} within {timeout:g} s "
                               f"of starting (--startup-timeout); are they running, on the same --base-port?")
@@ -101,16 +180,25 @@ class RoundMailbox(Mailbox):
         super().__init__(rank, world_size, layout, expects)
         self.window = window
         self.current = 0
+        self.anchored = True  # False while rejoining: the rounds the neighbours are in are not known yet
         self._rounds: dict[int, dict[int, Message]] = {}
 
     def _file(self, message: Message) -> None:
         header = message.header
         if header.kind == "hello":
             return
-        if header.round < self.current:
+        if not self.anchored:  # rejoining: keep only what a sender sent after its welcome, from its round on
+            welcome = self.first.get(header.sender)
+            if welcome is None or header.round < welcome.round:
+                raise ProtocolError("before-rejoin", f"round {header.round} from peer {header.sender} was "
+                                                     f"meant for our previous incarnation")
+            if header.round > welcome.round + self.window:
+                raise ProtocolError("future-round", f"round {header.round} from peer {header.sender} is far "
+                                                    f"beyond the round {welcome.round} it re-admitted us in")
+        elif header.round < self.current:
             raise ProtocolError("stale-round", f"round {header.round} from peer {header.sender} is over "
                                                f"(we are in round {self.current})")
-        if header.round > self.current + self.window:
+        elif header.round > self.current + self.window:
             raise ProtocolError("future-round", f"round {header.round} from peer {header.sender} is more than "
                                                 f"{self.window} rounds ahead of ours ({self.current})")
         if not self.expects(header.sender, header.round):
@@ -120,9 +208,17 @@ class RoundMailbox(Mailbox):
             raise ProtocolError("duplicate", f"second message for round {header.round} from peer {header.sender}")
         inbox[header.sender] = message
 
+    def anchor(self, round: int) -> None:
+        """Rejoining: from now on we are in ``round``; what arrived for earlier rounds is dropped."""
+        with self._cond:
+            self.current, self.anchored = round, True
+            for old in [r for r in self._rounds if r < round]:
+                del self._rounds[old]
+
     def wait_round(self, round: int, senders: Sequence[int], timeout: float) -> dict[int, Message]:
-        """The round's messages from ``senders``; PeerTimeout naming the missing ones after ``timeout``."""
-        missing = self._wait(lambda: set(senders) - self._rounds.get(round, {}).keys(), timeout)
+        """The round's messages from ``senders`` (not waiting for dead ones); PeerTimeout naming the
+        missing ones after ``timeout``."""
+        missing = self._wait(lambda: set(senders) - self._rounds.get(round, {}).keys() - self._dead(), timeout)
         if missing:
             raise PeerTimeout(f"peer {self.rank} waited {timeout:g} s for round {round} from peer(s) "
                               f"{_ranks(missing)} (--round-timeout); did they stop or fall behind?")
@@ -157,8 +253,13 @@ class MassMailbox(Mailbox):
         self.share = share
         self.latest_round: dict[int, int] = {}
         self.received: Counter[int] = Counter()
+        self.unreliable: set[int] = set()  # restarted senders: how many messages they send us is unknown
         self._pending: dict[int, Mass] = {}
         self._arrivals: list[tuple[int, int, float]] = []  # (sender, round, monotonic time), not yet read
+
+    def _restart(self, sender: int) -> None:
+        self.latest_round.pop(sender, None)  # its new incarnation counts rounds from where it rejoins
+        self.unreliable.add(sender)
 
     def _file(self, message: Message) -> None:
         if message.header.kind == "hello":
@@ -187,6 +288,8 @@ class MassMailbox(Mailbox):
         with self._cond:
             while True:
                 late = {j for j in deadlines if self.latest_round.get(j, -1) < round}
+                if late <= self._dead():
+                    return late
                 now = time.monotonic()
                 open_deadlines = [deadlines[j] for j in late if deadlines[j] > now]
                 if not open_deadlines:
@@ -199,7 +302,8 @@ class MassMailbox(Mailbox):
         waited for, a stopped one is not)."""
         with self._cond:
             progress, last_change = None, time.monotonic()
-            while missing := {j for j, count in expected.items() if self.received[j] < count}:
+            while missing := {j for j, count in expected.items()
+                              if self.received[j] < count and j not in self._dead() | self.unreliable}:
                 now = time.monotonic()
                 seen = sum(self.received[j] for j in missing)
                 if seen != progress:
@@ -227,6 +331,9 @@ class LatestMailbox(Mailbox):
         super().__init__(rank, world_size, layout, expects)
         self._latest: dict[int, Received] = {}
 
+    def _restart(self, sender: int) -> None:
+        self._latest.pop(sender, None)  # its new incarnation counts steps from its checkpoint
+
     def _file(self, message: Message) -> None:
         header = message.header
         if header.kind == "hello":
@@ -240,8 +347,10 @@ class LatestMailbox(Mailbox):
         self._latest[header.sender] = Received(message, self.local_step, time.monotonic())
 
     def latest(self) -> dict[int, Received]:
+        """The newest snapshot of every sender that is not dead."""
         with self._cond:
-            return dict(self._latest)
+            dead = self._dead()
+            return {j: r for j, r in self._latest.items() if j not in dead}
 
     def forget(self, sender: int) -> None:
         with self._cond:

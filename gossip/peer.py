@@ -4,6 +4,9 @@ Builds the task, attaches an averager, trains for ``steps`` local steps, or unde
 ``rounds`` rounds (with the emulated accelerator time and speed of ``--compute-ms``/``--speeds``), logs
 events to ``peer-<rank>.jsonl`` and leaves ``model-<rank>.pt`` and ``trace-<rank>.npz`` (sampled weights
 and push-sum weight per round, for the consensus distance and the drift of the mean).
+Every ``--checkpoint-every`` steps it writes ``checkpoint-<rank>.pt`` (model, optimizer state, step,
+round, samples, push-sum weight) atomically; with ``--resume`` it restores that checkpoint (or, without
+one, takes its neighbours' mean model) and rejoins the others where they are.
 Exit status: 0 on success, 1 on an error (one line on stderr says which and why), 128 + signal number
 when stopped by SIGINT or SIGTERM.
 """
@@ -27,7 +30,8 @@ import torch
 from gossip.api import attach
 from gossip.averagers import Averager
 from gossip.config import RunConfig
-from gossip.errors import ConfigError, GossipError, Stopped
+from gossip import checkpoint
+from gossip.errors import CheckpointError, ConfigError, GossipError, Stopped
 from gossip.metrics import EventLog, finite_or_none
 from gossip.tasks import Task, TaskContext, build_task
 
@@ -64,24 +68,57 @@ class Trace:
                  weights=np.array(self.weights))
 
 
-def run(cfg: RunConfig, out: Path) -> None:
+def checkpoint_path(out: Path, rank: int) -> Path:
+    return out / f"checkpoint-{rank}.pt"
+
+
+def save_checkpoint(out: Path, task: Task, averager: Averager, events: EventLog) -> None:
+    """Model, optimizer state and the averager's counters, atomically (``gossip/checkpoint.py``)."""
+    state = {"model": task.model.state_dict(),
+             "optimizer": task.optimizer.state_dict() if task.optimizer is not None else None,
+             "counters": {"step": averager.local_step, "rounds": averager.rounds, "samples": averager.samples,
+                          "weight": float(getattr(averager, "weight", 1.0))}}
+    try:
+        checkpoint.save(state, checkpoint_path(out, averager.rank))
+    except CheckpointError as exc:  # training goes on; the previous checkpoint stays valid
+        log.warning("peer %d: %s", averager.rank, exc)
+        events.write("checkpoint-failed", message=str(exc))
+
+
+def load_checkpoint(out: Path, rank: int, task: Task, events: EventLog) -> dict:
+    """``--resume``: restore the model and optimizer of our last checkpoint into ``task``; the counters for
+    ``attach(resume=...)``. Without a checkpoint the peer pulls its neighbours' models instead."""
+    path = checkpoint_path(out, rank)
+    if not path.exists():
+        events.write("resume", found=False)
+        return {"found": False}
+    state = checkpoint.load(path)
+    task.model.load_state_dict(state["model"])
+    if task.optimizer is not None and state.get("optimizer") is not None:
+        task.optimizer.load_state_dict(state["optimizer"])
+    events.write("resume", found=True, **state["counters"])
+    return {**state["counters"], "found": True}
+
+
+def run(cfg: RunConfig, out: Path, resume: bool = False) -> None:
     rank = cfg.gossip.rank
     events = EventLog(out / f"peer-{rank}.jsonl")
     events.write("start", rank=rank, pid=os.getpid(), speed=cfg.speed(rank))
     try:
         task = build_task(cfg.task, TaskContext(rank, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum,
                                                 cfg.batch_size, cfg.dim))
-        averager = attach(task.model, cfg.gossip, coordinator=cfg.coordinator)
+        state = load_checkpoint(out, rank, task, events) if resume else None
+        averager = attach(task.model, cfg.gossip, coordinator=cfg.coordinator, resume=state)
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc))
         raise
     started = time.time()
-    events.write("ready", endpoint=cfg.gossip.endpoint(rank))
+    events.write("ready", endpoint=cfg.gossip.endpoint(rank), step=averager.local_step, round=averager.rounds)
     trace = Trace(averager, cfg.trace_coords, cfg.gossip.seed, cfg.total_rounds)
-    trace.record(0)
+    trace.record(averager.rounds, final=True)  # round 0, or the round a restarted peer rejoined in
     try:
         with averager:
-            train(cfg, task, averager, trace, events)
+            train(cfg, task, averager, trace, events, out)
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc), **averager.statistics())
         raise
@@ -94,11 +131,11 @@ def run(cfg: RunConfig, out: Path) -> None:
     events.close()
 
 
-def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: EventLog) -> None:
+def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: EventLog, out: Path) -> None:
     slowdown = 1.0 / cfg.speed(averager.rank) - 1.0
     emulated = cfg.compute_ms / 1000.0 / cfg.speed(averager.rank)
     by_time = cfg.gossip.schedule == "time"
-    step = 0
+    step = averager.local_step  # 0, or where a restarted peer rejoined
     while (averager.mixing_points < cfg.rounds) if by_time else (step < cfg.steps):
         step += 1
         begin = time.perf_counter()
@@ -120,6 +157,8 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
                          **{key: stats[key] for key in STEP_EXTRAS if key in stats})
         if task.trains and cfg.eval_every and step % cfg.eval_every == 0:
             events.write("eval", step=step, round=averager.rounds, **task.evaluate())
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            save_checkpoint(out, task, averager, events)
 
 
 def _die_with_parent() -> None:
@@ -166,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
             run_server(cfg, args.config.parent, resume=args.resume)
         else:
-            run(cfg, args.config.parent)
+            run(cfg, args.config.parent, resume=args.resume)
     except Stopped as exc:
         print(f"{name}: stopped by {exc}", file=sys.stderr)
         return 128 + exc.signum

@@ -17,6 +17,14 @@ Socket options, deliberately:
 - LINGER = 0 everywhere, except that on close the DEALERs linger up to ``shutdown_timeout`` so the final
   round reaches neighbours that are still waiting for it.
 
+Liveness: every DEALER sends ZeroMQ heartbeats (HEARTBEAT_IVL 1 s; HEARTBEAT_TIMEOUT ``heartbeat_timeout``),
+so a neighbour whose host vanished without closing its connections is disconnected like one whose process
+died (the kernel closes a dead process's connections at once). A monitor on each DEALER reports
+``on_link(dest, up)``: down on EVENT_DISCONNECTED, up on EVENT_HANDSHAKE_SUCCEEDED (a TCP connect to a
+stopped process succeeds in the kernel; only a completed ZMTP handshake shows a live peer). What a
+disconnection means (a crash, or a neighbour that finished) is the mailbox's business. ``forget(dest)``
+drops a neighbour declared dead: its queue, its socket and its monitor, so nothing waits for it.
+
 Emulated latency (``delays``, seconds per destination): each message is held in its outbox until its
 post time plus the delay, then sent; messages stay in order and pipelined (a second message does not wait
 for the first one's delay). This is latency added by the application in front of the socket, not by the
@@ -37,6 +45,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from gossip.alloc import keep_freed_memory
 from gossip.errors import PeerTimeout, PeerUnreachable, ProtocolError, TransportError
@@ -54,8 +63,11 @@ class Transport:
 
     def __init__(self, rank: int, bind: str, endpoints: Sequence[str], handler: Handler, *,
                  queue_depth: int = 8, shutdown_timeout: float = 10.0, recv_queue: int = 256,
-                 keys: CurveKeys | None = None, delays: Sequence[float] = ()) -> None:
+                 keys: CurveKeys | None = None, delays: Sequence[float] = (),
+                 on_link: Callable[[int, bool], None] | None = None, heartbeat_timeout: float = 3.0) -> None:
         self.rank = rank
+        self._on_link = on_link
+        self._heartbeat_ms = int(heartbeat_timeout * 1000)
         self.keys = keys  # CurveZMQ on every socket when set (gossip/security.py)
         self._authenticator = None
         self.bind_endpoint = bind
@@ -126,8 +138,7 @@ class Transport:
         if self._receiver is not None:
             self._receiver.cancel()
         for outbox in self._outboxes.values():
-            outbox.task.cancel()
-            outbox.socket.close(linger=linger)
+            outbox.close(linger)
         if self._router is not None:
             self._router.close(linger=0)
         if self._authenticator is not None:
@@ -155,15 +166,34 @@ class Transport:
     def _post_latest(self, dests: Sequence[int], frames: list[Any]) -> None:
         for dest in dests:
             queue = self._outbox(dest).queue
-            while not queue.empty():  # only the newest snapshot is worth sending
-                queue.get_nowait()
+            kept = []
+            while not queue.empty():  # only the newest snapshot is worth sending; other messages stay
+                item = queue.get_nowait()
                 queue.task_done()
-                self.replaced += 1
-            queue.put_nowait((time.monotonic() + self._delays[dest], frames))
+                if item[2]:
+                    self.replaced += 1
+                else:
+                    kept.append(item)
+            for item in kept[:queue.maxsize - 1]:  # (a flood of non-replaceable messages cannot fill it)
+                queue.put_nowait(item)
+            queue.put_nowait((time.monotonic() + self._delays[dest], frames, True))
 
     async def _post_wait(self, dests: Sequence[int], frames: list[Any]) -> None:
         for dest in dests:
-            await self._outbox(dest).queue.put((time.monotonic() + self._delays[dest], frames))
+            await self._outbox(dest).queue.put((time.monotonic() + self._delays[dest], frames, False))
+
+    def forget(self, dest: int) -> None:
+        """Stop sending to ``dest`` (a neighbour declared dead): drop what is queued for it and close its
+        socket at once. A later ``post`` to it connects afresh (a restarted neighbour)."""
+        self._thread.call_soon(self._forget, dest)
+
+    def _forget(self, dest: int) -> None:
+        outbox = self._outboxes.pop(dest, None)
+        if outbox is not None:
+            while not outbox.queue.empty():
+                outbox.queue.get_nowait()
+                outbox.queue.task_done()
+            outbox.close(0)
 
     def _outbox(self, dest: int) -> _Outbox:
         outbox = self._outboxes.get(dest)
@@ -176,6 +206,9 @@ class Transport:
             socket.setsockopt(zmq.RECONNECT_IVL, 100)
             socket.setsockopt(zmq.RECONNECT_IVL_MAX, 500)  # a peer that starts late is found within 0.5 s
             socket.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            socket.setsockopt(zmq.HEARTBEAT_IVL, min(1000, self._heartbeat_ms))
+            socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._heartbeat_ms)
+            socket.setsockopt(zmq.HEARTBEAT_TTL, self._heartbeat_ms)
             if self.keys is not None:
                 secure_dealer(socket, self.keys, dest)
             try:
@@ -184,13 +217,17 @@ class Transport:
                 socket.close(0)
                 raise PeerUnreachable(f"cannot connect to peer {dest} at {self.endpoints[dest]}: {exc.strerror}") from exc
             outbox = _Outbox(dest, socket, asyncio.Queue(self._queue_depth))
-            outbox.task = asyncio.get_running_loop().create_task(self._send_forever(outbox))
+            loop = asyncio.get_running_loop()
+            outbox.task = loop.create_task(self._send_forever(outbox))
+            if self._on_link is not None:
+                outbox.monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                outbox.watcher = loop.create_task(self._watch_link(outbox))
             self._outboxes[dest] = outbox
         return outbox
 
     async def _send_forever(self, outbox: _Outbox) -> None:
         while True:
-            due, frames = await outbox.queue.get()
+            due, frames, _ = await outbox.queue.get()
             try:
                 if (hold := due - time.monotonic()) > 0:
                     await asyncio.sleep(hold)
@@ -202,6 +239,11 @@ class Transport:
                 log.warning("peer %d could not send to peer %d: %s", self.rank, outbox.dest, exc)
             finally:
                 outbox.queue.task_done()
+
+    async def _watch_link(self, outbox: _Outbox) -> None:
+        while True:
+            event = parse_monitor_message(await outbox.monitor.recv_multipart())["event"]
+            self._on_link(outbox.dest, event == zmq.EVENT_HANDSHAKE_SUCCEEDED)
 
     # -- receiving -------------------------------------------------------------------------------------
     async def _receive_forever(self, router: zmq.asyncio.Socket) -> None:
@@ -246,9 +288,20 @@ class Transport:
 
 
 class _Outbox:
-    def __init__(self, dest: int, socket: zmq.asyncio.Socket, queue: asyncio.Queue[tuple[float, list[Any]]]) -> None:
+    def __init__(self, dest: int, socket: zmq.asyncio.Socket, queue: asyncio.Queue[tuple[float, list[Any], bool]]) -> None:
         self.dest = dest
         self.socket = socket
         self.queue = queue
         self.task: asyncio.Task[None] | None = None
+        self.monitor: zmq.asyncio.Socket | None = None
+        self.watcher: asyncio.Task[None] | None = None
+
+    def close(self, linger: int) -> None:
+        for task in (self.task, self.watcher):
+            if task is not None:
+                task.cancel()
+        if self.monitor is not None:
+            self.socket.disable_monitor()
+            self.monitor.close(linger=0)
+        self.socket.close(linger=linger)
 

@@ -71,6 +71,8 @@ FLAGS: list[tuple[str, str, str]] = [
     ("--chunk-mb", "chunk_mb", "payload frame size in MiB"),
     ("--queue-depth", "queue_depth", "messages queued per neighbour before a sync send waits"),
     ("--round-timeout", "round_timeout", "seconds a sync peer waits for its neighbours in one round"),
+    ("--peer-timeout", "peer_timeout", "seconds a neighbour may stay disconnected (or silent to ZeroMQ "
+                                       "heartbeats) before it is declared dead and gossip goes on without it"),
     ("--startup-timeout", "startup_timeout", "seconds a peer waits for its first neighbours to start"),
     ("--send-timeout", "send_timeout", "seconds a message may wait for a slow or absent receiver"),
     ("--shutdown-timeout", "shutdown_timeout", "seconds to deliver the last messages on exit"),

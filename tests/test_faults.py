@@ -98,3 +98,73 @@ def test_ps_sync_can_go_on_without_a_dead_worker(tmp_path):
     assert all(sorted(u["workers"]) == [0, 2] for u in updates[30:])  # then the barrier is the two others
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed"] == ["peer 1"] and summary["final_model"]["accuracy"] >= 0.85
+
+
+def end_events(out, ranks) -> dict[int, dict]:
+    return {r: next(e for e in events(out / f"peer-{r}.jsonl") if e["event"] == "end") for r in ranks}
+
+
+def kill_peer_after(out, rank: int, steps: int) -> None:
+    """SIGKILL peer ``rank`` once it has logged ``steps`` steps."""
+    wait_for(lambda: sum(e["event"] == "step" for e in events(out / f"peer-{rank}.jsonl")) >= steps)
+    os.kill(json.loads((out / "peers.json").read_text())[rank]["pid"], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("mode", ["gossip-sync", "gossip-async"])
+def test_a_killed_gossip_peer_is_restarted_from_its_checkpoint_and_rejoins(tmp_path, mode):
+    out = tmp_path / "run"
+    launcher = start(out, 6, "--mode", mode, "--steps", "400", "--compute-ms", "10", "--checkpoint-every", "20",
+                     "--max-restarts", "1")
+    try:
+        kill_peer_after(out, 3, 150)
+        stdout, stderr = launcher.communicate(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        reap_peers(out, grace=5)
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "peer 3 failed (exit -9)" in stderr and "restarted it with --resume (1 of 1)" in stderr
+    resumed = [e for e in events(out / "peer-3.jsonl") if e["event"] == "resume"]
+    assert resumed and resumed[0]["found"] and resumed[0]["step"] >= 140 and resumed[0]["step"] % 20 == 0
+    ready = [e for e in events(out / "peer-3.jsonl") if e["event"] == "ready"]
+    assert ready[-1]["step"] >= resumed[0]["step"]  # it caught up with the others instead of lagging behind
+    accuracy = {p["rank"]: p["test_accuracy"] for p in json.loads((out / "summary.json").read_text())["peers"]}
+    assert min(accuracy.values()) >= 0.90, accuracy
+    others = [accuracy[r] for r in range(6) if r != 3]
+    assert abs(accuracy[3] - sum(others) / 5) <= 0.02, accuracy
+    ends = end_events(out, range(6))
+    assert ends[2]["readmitted"] >= 1 and ends[4]["readmitted"] >= 1  # its neighbours took it back
+    assert all(e["step"] == 400 for e in ends.values())
+
+
+@pytest.mark.parametrize("mode", ["gossip-sync", "gossip-async"])
+def test_a_dead_peer_is_declared_dead_the_others_go_on_and_it_rejoins_later_by_hand(tmp_path, mode):
+    out = tmp_path / "run"
+    launcher = start(out, 6, "--mode", mode, "--steps", "800", "--compute-ms", "20", "--checkpoint-every", "20",
+                     "--keep-going", "--peer-timeout", "1")
+    again = None
+    try:
+        kill_peer_after(out, 3, 100)
+        wait_for(lambda: "peer 3 is dead" in (out / "peer-2.log").read_text(), timeout=60)
+        survivors = [e for e in events(out / "peer-2.jsonl") if e["event"] == "step"]
+        again = subprocess.Popen([sys.executable, "-m", "gossip.peer", str(out / "config.json"), "--rank", "3",
+                                  "--resume"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout, stderr = launcher.communicate(timeout=240)
+        rejoined_output = again.communicate(timeout=120)[0]
+    finally:
+        for proc in (launcher, again):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        reap_peers(out, grace=5)
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "peer 3 failed (exit -9)" in stderr and "going on without it (--keep-going)" in stderr
+    assert again.returncode == 0, rejoined_output[-3000:]
+    assert survivors[-1]["step"] < 800  # the others were still training when it came back
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == ["peer 3"]
+    ends = end_events(out, range(6))
+    assert ends[2]["deaths"] >= 1 and ends[4]["deaths"] >= 1  # its neighbours declared it dead ...
+    assert ends[2]["readmitted"] >= 1 or ends[4]["readmitted"] >= 1  # ... and took it back when it returned
+    others = [ends[r]["test"]["accuracy"] for r in range(6) if r != 3]
+    assert min(others) >= 0.90, others
+    assert abs(ends[3]["test"]["accuracy"] - sum(others) / 5) <= 0.02, (ends[3]["test"], others)

@@ -5,6 +5,8 @@ tau_j is the number of our own local steps since neighbour j's snapshot arrived;
 at every mixing point until a newer one replaces it or tau_j exceeds ``max_staleness``. W_ij is taken from
 the round in which j sent the snapshot, so time-varying graphs work although peers are in different rounds.
 Sends keep only the newest unsent snapshot per neighbour, so a slow link or a dead peer never stalls us.
+A neighbour declared dead (``peer_timeout`` after its connection dropped) no longer counts in the mix (the
+others' weights are renormalised, as for a snapshot that is too stale); restarted, it is welcomed back.
 
 tau counts from arrival, not production: the transit time is not counted (peers share no clock), which on
 a LAN is far below one step. Observability: ``statistics()["staleness"]`` is the histogram {tau: snapshots
@@ -40,7 +42,18 @@ class AsyncGossip(Averager):
 
         return LatestMailbox(self.rank, self.config.world_size, self.flat.layout, expects)
 
+    def _rejoin(self, found: bool, weight: float) -> None:
+        """Restarted (``--resume``): once the neighbours welcomed us, jump to the latest step and round among
+        them, so we end with them; our checkpoint's model (or their mean) is mixed in from then on."""
+        first = self._rejoin_gossip(found)
+        if first:
+            self.local_step = self.mailbox.local_step = max(self.local_step, max(h.step for h in first.values()))
+            self.rounds = self.mixing_points = max(self.rounds, max(h.round for h in first.values()))
+        self._mixed_at = (self.local_step, self.samples)
+        self.resumed_at = self.rounds
+
     def _gossip(self) -> None:
+        self._prune_dead()
         snapshot = self._mix_latest()
         self.rounds += 1
         self._send_snapshot(self.rounds, latest_only=True, snapshot=snapshot)

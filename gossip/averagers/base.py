@@ -58,7 +58,11 @@ class Averager(ABC):
         self.wait_seconds = 0.0  # blocked on neighbours
         self._waited_at_tick = 0.0
         self.mix_seconds = 0.0
+        self.dead: set[int] = set()  # neighbours declared dead and not back (gossip modes)
+        self.deaths = self.readmitted = 0  # neighbours declared dead / re-admitted after a restart
+        self.resumed_at: int | None = None  # the round we rejoined the others in, after --resume
         self.mailbox = self._make_mailbox()
+        self.mailbox.peer_timeout = config.peer_timeout
         ranks = config.world_size + (1 if config.parameter_server else 0)  # the server is the last rank
         endpoints = [config.endpoint(r) for r in range(ranks)]
         latency = [ms / 1000 for ms in config.link_latency_ms] or [0.0] * config.world_size
@@ -66,6 +70,7 @@ class Averager(ABC):
         self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
                                    queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
                                    recv_queue=max(64, 4 * ranks), keys=transport_keys(config, self.rank),
+                                   on_link=self.mailbox.link, heartbeat_timeout=config.peer_timeout,
                                    # one-way latency of a link = that of the sender's access plus the receiver's
                                    delays=[latency[self.rank] + latency[dest] for dest in range(ranks)])
         self._closed = False
@@ -94,12 +99,82 @@ class Averager(ABC):
         return self.config.shutdown_timeout
 
     # -- public ----------------------------------------------------------------------------------------
-    def start(self) -> Averager:
-        """Bind, then wait (``startup_timeout``) until the first peers to talk to have answered."""
+    def start(self, resume: dict[str, Any] | None = None) -> Averager:
+        """Bind, then wait (``startup_timeout``) until the first peers to talk to have answered.
+
+        ``resume`` (a restarted peer, ``--resume``): the counters of its checkpoint (``step``, ``rounds``,
+        ``samples``, ``weight``; empty when it has none) and whether its model came from one (``found``);
+        it then rejoins the others where they are (``_rejoin``) instead of starting with them."""
+        if resume is not None:
+            self._prepare_rejoin()
         self.transport.start()
-        self._greet()
-        self._anchor = self._round_began = time.monotonic()  # schedule "time" counts rounds from here
+        if resume is None:
+            self._greet()
+        else:
+            self.local_step = self.mailbox.local_step = int(resume.get("step", 0))
+            self.rounds = self.mixing_points = int(resume.get("rounds", 0))
+            self.samples = int(resume.get("samples", 0))
+            self._mixed_at = (self.local_step, self.samples)
+            self._rejoin(found=bool(resume.get("found")), weight=float(resume.get("weight", 1.0)))
+        # schedule "time" counts rounds from here (a rejoined peer from the round it rejoined in)
+        self._anchor = self._round_began = time.monotonic() - self.mixing_points * self.config.round_seconds
         return self
+
+    def _prepare_rejoin(self) -> None:
+        """Before the sockets open, when restarted: what the mailbox must know before anything arrives."""
+
+    def _rejoin(self, found: bool, weight: float) -> None:
+        """Come back after a restart; by default, as at the start."""
+        self._greet()
+
+    def _rejoin_gossip(self, found: bool) -> dict[int, Header]:
+        """The gossip modes' rejoin: say hello to everyone we may exchange with, who re-admit us at their
+        next mixing point with a "welcome" naming their round and step, and wait (``round_timeout``) for
+        the welcome of each live neighbour; those that send none are declared dead. Without a checkpoint
+        (``found`` False) take the mean of the models they send next: a pull. Returns the welcomes."""
+        peers = self._rejoin_peers()
+        self.mailbox.keep_first = not found
+        self.transport.post(peers, encode(Header(kind="hello", sender=self.rank)), latest_only=False,
+                            timeout=self.config.send_timeout)
+        with self._timed_wait():
+            first = self.mailbox.wait_first(self._hello_peers(), self.config.round_timeout)
+        silent = set(self._hello_peers()) - first.keys()
+        if silent:
+            self.mailbox.declare_dead(silent)
+        self._prune_dead()
+        if not found and first:
+            self._pull(list(first))
+        log.info("peer %d rejoined: heard from peer(s) %s at rounds %s%s", self.rank,
+                 ", ".join(map(str, sorted(first))) or "none", sorted({h.round for h in first.values()}),
+                 "" if found else "; took their mean model (no checkpoint)")
+        return first
+
+    def _rejoin_peers(self) -> tuple[int, ...]:
+        if self.topology.time_varying:  # anyone may be our neighbour in some round
+            return tuple(r for r in range(self.config.world_size) if r != self.rank)
+        return self._hello_peers()
+
+    def _pull(self, senders: list[int]) -> None:
+        """Replace our model by the mean of the models that ``senders`` sent first (a rejoin without a
+        checkpoint): x <- x - x + mean, one fused pass."""
+        models = self.mailbox.take_first_models()
+        terms = [(-1.0, list(self.flat.views()))] + [(1.0 / len(models), chunks) for chunks in models.values()]
+        self.flat.combine_(terms, snapshot=False)
+
+    def _prune_dead(self) -> None:
+        """At a mixing point: stop sending to neighbours newly found dead; re-admit restarted ones."""
+        for peer in sorted(self.mailbox.take_restarted()):
+            self.dead.discard(peer)
+            self.readmitted += 1
+            welcome = Header(kind="welcome", sender=self.rank, round=self.rounds, step=self.local_step)
+            self.transport.post([peer], encode(welcome), latest_only=False, timeout=self.config.send_timeout)
+            log.warning("peer %d: peer %d started again; re-admitted at round %d", self.rank, peer, self.rounds)
+        for peer in sorted(self.mailbox.dead() - self.dead):
+            self.dead.add(peer)
+            self.deaths += 1
+            self.transport.forget(peer)
+            log.warning("peer %d: peer %d is dead (no connection for %g s, --peer-timeout); going on without it, "
+                        "its weights renormalised over the others", self.rank, peer, self.config.peer_timeout)
 
     def _greet(self) -> None:
         """Say hello to every first-round neighbour and wait for theirs."""
@@ -156,6 +231,7 @@ class Averager(ABC):
                 "speed": self.speed.samples_per_second, "step_seconds": self.speed.step_seconds,
                 "round_busy_seconds": self.speed.round_seconds, "wait_seconds": self.wait_seconds,
                 "mix_seconds": self.mix_seconds, "neighbour_speeds": self._neighbour_speeds(),
+                "dead_neighbours": sorted(self.dead), "deaths": self.deaths, "readmitted": self.readmitted,
                 **self.transport.statistics()}
 
     def _neighbour_speeds(self) -> dict[str, float]:
@@ -172,8 +248,8 @@ class Averager(ABC):
                                step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second,
                                step_seconds=self.speed.step_seconds, weight=weight)
         frames = encode(header, snapshot)
-        self.transport.post(self.topology.out_neighbors(self.rank, round), frames, latest_only=latest_only,
-                            timeout=self.config.send_timeout)
+        dests = [k for k in self.topology.out_neighbors(self.rank, round) if k not in self.dead]
+        self.transport.post(dests, frames, latest_only=latest_only, timeout=self.config.send_timeout)
         return snapshot
 
     def _timed_mix(self) -> _Timer:

@@ -24,6 +24,16 @@ How long to wait (``deadline``):
   (``MassMailbox``) and mixed at a later mixing point, so the mean is kept although no round waits for a
   straggler. At the end a peer waits for every message addressed to it, so the final mass is complete.
 
+Dead neighbours (both deadlines): a neighbour whose connection dropped and stayed down for
+``peer_timeout`` seconds (the transport's monitor and ZeroMQ heartbeats tell), or that started again, is
+dead: we stop waiting for it, mix what did arrive, stop sending to it and keep the share W_ki we would
+have pushed to it, so the columns of the survivors' W still sum to one. Its mass at the moment it died
+is lost and the push-sum weights renormalise: the survivors go on averaging among themselves, their
+weighted mean now moving only by their own progress. A peer restarted with ``--resume`` says hello; its
+neighbours re-admit it at their next mixing point and it rejoins their round (``_rejoin``), with the
+mass of its checkpoint (or the mean of their models, weight 1, without one): new mass, so the weighted
+mean shifts toward that model once, by its share of the total weight.
+
 ``weight_by="samples"``: before each snapshot the weight is set to the samples trained since the previous
 mixing point (z unchanged), so a contribution counts in proportion to the samples it represents, and
 push-sum makes each round's result exactly the sample-weighted average of what was mixed, without the
@@ -39,10 +49,11 @@ import torch
 from gossip.averagers.base import Averager
 from gossip.deadlines import ArrivalDeadlines
 from gossip.mailbox import MassMailbox, RoundMailbox
+from gossip.wire import encode, params_header
 
 
 class SyncGossip(Averager):
-    _pending: tuple[int, list[torch.Tensor], float] | None = None  # (round, snapshot, its weight)
+    _pending: tuple[int, list[torch.Tensor], float, float] | None = None  # (round, snapshot, weight, kept share)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -71,11 +82,46 @@ class SyncGossip(Averager):
 
     def _gossip(self) -> None:
         snapshot = self._complete_round(take_snapshot=True)
+        self._prune_dead()
         if self.config.weight_by == "samples":
             self.weight = float(self._represented_since_mix())
         round = self.rounds
         sent = self._send_snapshot(round, latest_only=False, snapshot=snapshot, weight=self.weight)
-        self._pending = (round, sent, self.weight)
+        self._pending = (round, sent, self.weight, self._kept_share(round))
+
+    def _kept_share(self, round: int) -> float:
+        """W_ii plus the shares of the out-neighbours we did not send to (dead): push-sum mass stays with us
+        instead of vanishing, so the survivors' mass is conserved and their weights renormalise."""
+        column = self.topology.mixing_matrix(round)[:, self.rank]
+        return float(column[self.rank]) + sum(float(column[k]) for k in self.topology.out_neighbors(self.rank, round)
+                                               if k in self.dead)
+
+    def _prepare_rejoin(self) -> None:
+        if not self.adaptive:
+            self.mailbox.anchored = False
+
+    def _rejoin(self, found: bool, weight: float) -> None:
+        """Restarted (``--resume``): take the others' round R (the latest any live neighbour is in), send a
+        neighbour in an earlier round J a massless message for each round J..R-1, which it is waiting for,
+        so that it catches up, and drop what it sent us for those rounds; then go on in lockstep. The local
+        step jumps with the round, so we end with the others (``gossip_every`` steps per round)."""
+        self.weight = weight if found else 1.0
+        first = self._rejoin_gossip(found)
+        rejoin = max((h.round for h in first.values()), default=self.rounds)
+        rejoin = max(rejoin, self.rounds)
+        if self.config.deadline == "fixed":
+            for j, header in first.items():
+                for round in range(header.round, rejoin):
+                    if j in self.topology.out_neighbors(self.rank, round):
+                        header0 = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes,
+                                                round=round, step=self.local_step, weight=0.0)
+                        self.transport.post([j], encode(header0, self.flat.snapshot()), latest_only=False,
+                                            timeout=self.config.send_timeout)
+            self.mailbox.anchor(rejoin)
+        self.rounds = self.mixing_points = self.resumed_at = rejoin
+        if self.config.schedule == "steps":
+            self.local_step = self.mailbox.local_step = max(self.local_step, rejoin * self.config.gossip_every)
+        self._mixed_at = (self.local_step, self.samples)
 
     def _finish(self) -> None:
         self._complete_round(take_snapshot=False)
@@ -85,10 +131,9 @@ class SyncGossip(Averager):
         next snapshot, copied while the mixed weights are still in cache."""
         if self._pending is None:
             return None
-        round, own, own_weight = self._pending
+        round, own, own_weight, keep = self._pending
         self._pending = None
         arrived = self._receive(round, final=not take_snapshot)
-        keep = float(self.topology.mixing_matrix(round)[self.rank, self.rank])
         total = keep * own_weight + sum(mass for mass, _ in arrived)
         terms = [(own_weight / total - 1.0, list(self.flat.views()))] if own_weight != total else []
         terms.append((-(1.0 - keep) * own_weight / total, own))
@@ -101,7 +146,7 @@ class SyncGossip(Averager):
 
     def _receive(self, round: int, final: bool) -> list[tuple[float, list[torch.Tensor]]]:
         """(mass, model chunks) of everything to add when completing ``round``."""
-        senders = self.topology.in_neighbors(self.rank, round)
+        senders = tuple(j for j in self.topology.in_neighbors(self.rank, round) if j not in self.dead)
         if not self.adaptive:
             with self._timed_wait():
                 messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
@@ -140,10 +185,11 @@ class SyncGossip(Averager):
 
     def _expected_counts(self, last_round: int) -> dict[int, int]:
         """How many messages each in-neighbour sends us in rounds 0..last_round."""
+        first = self.resumed_at or 0  # a rejoined peer counts from the round it rejoined in
         if not self.topology.time_varying:
-            return {sender: last_round + 1 for sender in self.topology.in_neighbors(self.rank, 0)}
+            return {sender: last_round + 1 - first for sender in self.topology.in_neighbors(self.rank, 0)}
         counts: dict[int, int] = {}
-        for round in range(last_round + 1):
+        for round in range(first, last_round + 1):
             for sender in self.topology.in_neighbors(self.rank, round):
                 counts[sender] = counts.get(sender, 0) + 1
         return counts
