@@ -106,11 +106,9 @@ class RoundMailbox(Mailbox):
         inbox[header.sender] = message
 
     def wait_round(self, round: int, senders: Sequence[int], timeout: float) -> dict[int, Message]:
-        """The round's messages from ``senders``; PeerTimeout naming the missing ones after ``timeout``."""
-        missing = self._wait(lambda: set(senders) - self._rounds.get(round, {}).keys(), timeout)
-        if missing:
-            raise PeerTimeout(f"peer {self.rank} waited {timeout:g} s for round {round} from peer(s) "
-                              f"{_ranks(missing)} (--round-timeout); did they stop or fall behind?")
+        """The round's messages from ``senders``, waiting up to ``timeout`` seconds for all of them; after
+        that, whatever arrived (the caller decides what a missing sender means)."""
+        self._wait(lambda: set(senders) - self._rounds.get(round, {}).keys(), timeout)
         return self.take_round(round)
 
     def take_round(self, round: int) -> dict[int, Message]:

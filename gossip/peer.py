@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ import torch
 from gossip.api import attach
 from gossip.averagers import Averager
 from gossip.config import RunConfig
+from gossip.device import cpu_state, resolve_device
 from gossip.errors import ConfigError, GossipError, Stopped
 from gossip.metrics import EventLog, finite_or_none
 from gossip.tasks import Task, TaskContext, build_task
@@ -58,19 +60,21 @@ class Trace:
         np.savez(path, rounds=np.array(self.rounds), values=np.stack(self.values), index=self.index.numpy())
 
 
-def run(cfg: RunConfig, out: Path) -> None:
+def run(cfg: RunConfig, out: Path, local_rank: int | None = None) -> None:
+    """Train as peer ``cfg.gossip.rank``; ``local_rank`` (default: the rank) picks the GPU of --device auto."""
     rank = cfg.gossip.rank
     events = EventLog(out / f"peer-{rank}.jsonl")
     events.write("start", rank=rank, pid=os.getpid(), speed=cfg.speed(rank))
     try:
+        device = resolve_device(cfg.device, rank if local_rank is None else local_rank)
         task = build_task(cfg.task, TaskContext(rank, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum,
-                                                cfg.batch_size, cfg.dim))
+                                                cfg.batch_size, cfg.dim, device))
         averager = attach(task.model, cfg.gossip, coordinator=cfg.coordinator)
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc))
         raise
     started = time.time()
-    events.write("ready", endpoint=cfg.gossip.endpoint(rank))
+    events.write("ready", endpoint=cfg.gossip.endpoint(rank), device=str(device))
     trace = Trace(averager, cfg.trace_coords, cfg.gossip.seed, cfg.steps // cfg.gossip.gossip_every)
     trace.record(0)
     try:
@@ -81,7 +85,7 @@ def run(cfg: RunConfig, out: Path) -> None:
         raise
     trace.record(averager.rounds) if averager.rounds not in trace.rounds else None
     metrics = task.evaluate()
-    torch.save(task.model.state_dict(), out / f"model-{rank}.pt")
+    torch.save(cpu_state(task.model), out / f"model-{rank}.pt")
     trace.save(out / f"trace-{rank}.npz")
     events.write("end", wall_seconds=time.time() - started, test=metrics, **averager.statistics())
     events.close()
@@ -140,28 +144,49 @@ def main(argv: list[str] | None = None) -> int:
     role.add_argument("--rank", type=int, help="run worker/peer RANK")
     role.add_argument("--server", action="store_true", help="run the parameter server (ps-* modes)")
     args = parser.parse_args(argv)
-    name = "server" if args.server else f"peer {args.rank}"
     if os.environ.get("GOSSIP_LAUNCHER_PID") == str(os.getppid()):
         _die_with_parent()
-    signal.signal(signal.SIGTERM, _raise_stopped)
-    signal.signal(signal.SIGINT, _raise_stopped)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
-    try:
+
+    def body() -> None:
         cfg = load_config(args.config, 0 if args.server else args.rank)
         torch.set_num_threads(cfg.threads_per_peer)
-        if args.server:
-            from gossip.coordinator.server import run_server
+        run_role(cfg, args.config.parent, args.server)
 
-            run_server(cfg, args.config.parent)
-        else:
-            run(cfg, args.config.parent)
+    name = "server" if args.server else f"peer {args.rank}"
+    return guarded(lambda: name, body)
+
+
+def run_role(cfg: RunConfig, out: Path, server: bool, local_rank: int | None = None) -> None:
+    if server:
+        from gossip.coordinator.server import run_server
+
+        run_server(cfg, out)
+    else:
+        run(cfg, out, local_rank)
+
+
+def guarded(name: Callable[[], str], body: Callable[[], None]) -> int:
+    """Run ``body`` as a peer process does: SIGINT/SIGTERM raise ``Stopped``, log lines carry ``name()``,
+    and an error ends in one line on stderr. Returns the exit status (module docstring)."""
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    signal.signal(signal.SIGINT, _raise_stopped)
+    logging.basicConfig(level=logging.INFO)
+    name_logs(name())
+    try:
+        body()
     except Stopped as exc:
-        print(f"{name}: stopped by {exc}", file=sys.stderr)
+        print(f"{name()}: stopped by {exc}", file=sys.stderr)
         return 128 + exc.signum
     except (GossipError, OSError) as exc:
-        print(f"{name}: {exc}", file=sys.stderr)
+        print(f"{name()}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def name_logs(name: str) -> None:
+    """Prefix every log line with ``name`` (a peer learns its rank only at the rendezvous)."""
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s"))
 
 
 if __name__ == "__main__":

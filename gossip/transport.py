@@ -147,6 +147,21 @@ class Transport:
         for dest in dests:
             await self._outbox(dest).queue.put(frames)
 
+    def forget(self, dest: int) -> None:
+        """Stop sending to ``dest`` (a neighbour given up as lost): drop what is queued for it and close its
+        socket at once, so that nothing waits for it, not even close()."""
+        self._thread.call_soon(self._forget, dest)
+
+    def _forget(self, dest: int) -> None:
+        outbox = self._outboxes.pop(dest, None)
+        if outbox is None:
+            return
+        outbox.task.cancel()
+        while not outbox.queue.empty():
+            outbox.queue.get_nowait()
+            outbox.queue.task_done()
+        outbox.socket.close(linger=0)
+
     def _outbox(self, dest: int) -> _Outbox:
         outbox = self._outboxes.get(dest)
         if outbox is None:

@@ -14,8 +14,10 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from gossip.address import split_endpoint
 from gossip.config import RunConfig
 from gossip.errors import ConfigError
 from gossip.tasks import load_task
@@ -43,17 +45,18 @@ def prepare_out(cfg: RunConfig) -> Path:
     return out
 
 
-def check_ports(cfg: RunConfig) -> None:
-    """Fail before spawning anything when a peer's port is taken (a leftover run, another program)."""
-    for rank in range(cfg.nodes + (1 if cfg.gossip.parameter_server else 0)):
-        port = cfg.gossip.base_port + rank
+def check_ports(cfg: RunConfig, ranks: list[int] | None = None) -> None:
+    """Fail before spawning anything when a local peer's port is taken (a leftover run, another program)."""
+    everyone = range(cfg.nodes + (1 if cfg.gossip.parameter_server else 0))
+    for rank in everyone if ranks is None else ranks:
+        host, port = split_endpoint(cfg.gossip.bind_endpoint(rank))
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libzmq does: TIME_WAIT is no conflict
             try:
-                probe.bind((cfg.gossip.host, port))
+                probe.bind((host, port))
             except OSError as exc:
                 who = "the server" if rank == cfg.nodes else f"peer {rank}"
-                raise ConfigError(f"port {port} for {who} on {cfg.gossip.host} is unavailable ({exc.strerror}); "
+                raise ConfigError(f"port {port} for {who} on {host} is unavailable ({exc.strerror}); "
                                   f"choose another --base-port") from exc
 
 
@@ -106,6 +109,13 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
     load_task(cfg.task)  # an unknown task fails here, in one line, not in N peers
     check_ports(cfg)
     out = prepare_out(cfg)
+    return supervise(cfg, out, lambda: spawn(cfg, out, start_method), progress, plot)
+
+
+def supervise(cfg: RunConfig, out: Path, start: Callable[[], list], progress: str, plot: bool,
+              summarise_ready: Callable[[], bool] = lambda: True) -> int:
+    """Start the peers with ``start``, show their progress, stop them all on a failure or a signal, and
+    summarise (when ``summarise_ready`` says every peer's files are here). Returns the exit status."""
 
     def on_signal(signum: int, frame: object) -> None:
         raise Interrupted(signum)
@@ -114,7 +124,7 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
     procs: list = []
     started = time.time()
     try:
-        procs = spawn(cfg, out, start_method)
+        procs = start()
         with Progress(out, cfg.nodes, cfg.steps, progress) as display:
             failure = watch(procs, display, out)
     except Interrupted as exc:
@@ -129,7 +139,8 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
     if failure:
         print(f"gossip-launch: error: {failure}", file=sys.stderr)
         return 1
-    from launch.summary import summarise
+    if summarise_ready():
+        from launch.summary import summarise
 
-    summarise(cfg, out, wall_seconds=time.time() - started, plot=plot)
+        summarise(cfg, out, wall_seconds=time.time() - started, plot=plot)
     return 0

@@ -40,10 +40,11 @@ class Averager(ABC):
         self.speed = SpeedMeter()
         self.wait_seconds = 0.0  # blocked on neighbours
         self.mix_seconds = 0.0
+        self.lost: set[int] = set()  # neighbours given up as lost: never waited for nor sent to again
         self.mailbox = self._make_mailbox()
         ranks = config.world_size + (1 if config.parameter_server else 0)  # the server is the last rank
         endpoints = [config.endpoint(r) for r in range(ranks)]
-        self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
+        self.transport = Transport(self.rank, config.bind_endpoint(self.rank), endpoints, self.mailbox.deliver,
                                    queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
                                    recv_queue=max(64, 4 * ranks))
         self._closed = False
@@ -114,7 +115,7 @@ class Averager(ABC):
     def statistics(self) -> dict[str, Any]:
         return {"step": self.local_step, "rounds": self.rounds, "samples": self.samples,
                 "speed": self.speed.samples_per_second, "step_seconds": self.speed.step_seconds,
-                "wait_seconds": self.wait_seconds, "mix_seconds": self.mix_seconds,
+                "wait_seconds": self.wait_seconds, "mix_seconds": self.mix_seconds, "lost": sorted(self.lost),
                 **self.transport.statistics()}
 
     # -- shared helpers --------------------------------------------------------------------------------
@@ -125,8 +126,8 @@ class Averager(ABC):
         header = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
                                step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second)
         frames = encode(header, snapshot)
-        self.transport.post(self.topology.out_neighbors(self.rank, round), frames, latest_only=latest_only,
-                            timeout=self.config.send_timeout)
+        dests = [dest for dest in self.topology.out_neighbors(self.rank, round) if dest not in self.lost]
+        self.transport.post(dests, frames, latest_only=latest_only, timeout=self.config.send_timeout)
         return snapshot
 
     def _timed_mix(self) -> _Timer:

@@ -7,14 +7,23 @@ At mixing point r + 1 it waits (only for its in-neighbours; there is no global b
 snapshots and adds sum_j W_ij (s_j - s_i) to its weights, which by then also hold the local progress made
 meanwhile. With no local progress this is exactly x <- W x per round; since the columns of W sum to
 one, the correction sums to zero over peers and the mean of the weights is preserved.
+
+A neighbour whose snapshot has not arrived within ``round_timeout`` is given up as lost (a crashed
+process, a dead host: torchrun with ``--max-restarts 0`` leaves the other workers running): the round is
+mixed without it, as if its weight W_ij had been ours, and it is neither waited for nor sent to again.
+The survivors keep training; only the mean over the lost peer's neighbourhood stops being exact.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from gossip.averagers.base import Averager
 from gossip.mailbox import RoundMailbox
+
+log = logging.getLogger("gossip.sync")
 
 
 class SyncGossip(Averager):
@@ -42,13 +51,22 @@ class SyncGossip(Averager):
             return None
         round, own = self._pending
         self._pending = None
-        senders = self.topology.in_neighbors(self.rank, round)
+        senders = [j for j in self.topology.in_neighbors(self.rank, round) if j not in self.lost]
         with self._timed_wait():
             messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
+        if len(messages) < len(senders):
+            self._lose(set(senders) - messages.keys(), round)
         row = self.topology.mixing_matrix(round)[self.rank]
-        terms = [(-float(sum(row[j] for j in senders)), own)]
+        terms = [(-float(sum(row[j] for j in messages)), own)]
         terms += [(float(row[sender]), message.chunks) for sender, message in messages.items()]
         with self._timed_mix():
             snapshot = self.flat.combine_(terms, snapshot=take_snapshot)
         self.rounds = round + 1
         return snapshot
+
+    def _lose(self, missing: set[int], round: int) -> None:
+        self.lost |= missing
+        for peer in missing:
+            self.transport.forget(peer)
+        log.warning("peer %d: nothing from peer(s) %s for round %d within %g s (--round-timeout); going on "
+                    "without them", self.rank, ", ".join(map(str, sorted(missing))), round, self.config.round_timeout)

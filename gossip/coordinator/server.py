@@ -18,6 +18,7 @@ import torch
 from gossip.config import RunConfig
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.modes import SENDS_WEIGHTS, build_core
+from gossip.device import cpu_state
 from gossip.errors import GossipError, PeerTimeout, Stopped
 from gossip.flat import FlatParams
 from gossip.mailbox import QueueMailbox
@@ -36,6 +37,7 @@ class ParameterServer:
         self.events = events
         self.workers = cfg.nodes
         self.rank = self.config.server_rank
+        # on the CPU whatever --device says: its update rules take the workers' host buffers as they come
         self.task = build_task(cfg.task, TaskContext(0, cfg.nodes, self.config.seed, cfg.lr, cfg.momentum,
                                                      cfg.batch_size, cfg.dim))
         self.flat = FlatParams(self.task.model, self.config.chunk_bytes)
@@ -46,7 +48,7 @@ class ParameterServer:
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
                                     contribution=contribution)
         endpoints = [self.config.endpoint(r) for r in range(self.workers + 1)]
-        self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
+        self.transport = Transport(self.rank, self.config.bind_endpoint(self.rank), endpoints, self.mailbox.deliver,
                                    queue_depth=self.config.queue_depth, shutdown_timeout=self.config.shutdown_timeout,
                                    recv_queue=max(64, 4 * self.workers))
         self.joined: set[int] = set()
@@ -134,7 +136,7 @@ def run_server(cfg: RunConfig, out: Path) -> None:
         server.close(finish=False)
         raise
     server.close(finish=True)
-    torch.save(server.task.model.state_dict(), out / "model-final.pt")
+    torch.save(cpu_state(server.task.model), out / "model-final.pt")
     core = server.core
     events.write("end", wall_seconds=time.time() - started, versions=core.version, updates=len(core.applied),
                  staleness=dict(sorted(core.staleness.items())), test=server.task.evaluate(),
