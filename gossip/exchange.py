@@ -169,7 +169,7 @@ class StoreRendezvous:
                               "every peer with the same run flags")
 
     def _claim(self, rank: int | None, world_size: int) -> int:
-        token = f"{socket.gethostname()} pid {os.getpid()}"
+        token = f"{socket.gethostname()} pid {os.getpid()} ({os.urandom(4).hex()})"  # unique even per thread
         if rank is not None:
             holder = self._compare_set(f"rank/{rank}", token)
             if holder != token:

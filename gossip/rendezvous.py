@@ -93,7 +93,7 @@ def _meeting_point(source: str, env: Mapping[str, str], rendezvous_port: int) ->
     return master, False, "gossip/mpi"
 
 
-def plan(rendezvous: RendezvousConfig, base_port: int, env: Mapping[str, str], server: bool = False) -> Plan:
+def plan_rendezvous(rendezvous: RendezvousConfig, base_port: int, env: Mapping[str, str], server: bool = False) -> Plan:
     """Decide, without any network, what is known and where to meet (flags > torchrun > SLURM > MPI)."""
     found = read_environment(env, rendezvous.store_port(base_port))
     rank = None if server else (rendezvous.rank if rendezvous.rank >= 0 else found.rank)

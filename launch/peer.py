@@ -27,6 +27,7 @@ from typing import Any
 
 from gossip.config import RendezvousConfig, RunConfig
 from gossip.errors import ConfigError, TaskError
+from gossip.rendezvous import Plan, hosts_server_endpoint, plan_rendezvous
 from launch.cli import (FLAGS, LAUNCHER_ONLY, PEER_FLAGS, _Parser, config_from_args, field_values, flag_argv,
                         rendezvous_from_args)
 
@@ -66,15 +67,14 @@ def provisional_config(args: argparse.Namespace, world_size: int | None) -> RunC
     return config_from_args(stand_in, nodes=1)
 
 
-def meet(args: argparse.Namespace, rendezvous: RendezvousConfig) -> tuple[RunConfig, int, str]:
+def meet(args: argparse.Namespace, rendezvous: RendezvousConfig, plan: Plan) -> tuple[RunConfig, int, str]:
     """Rendezvous: (this peer's RunConfig, its local rank, the run name agreed on)."""
-    from gossip import exchange, rendezvous as planner
+    from gossip import exchange
 
     base_port = args.base_port
-    plan = planner.plan(rendezvous, base_port, os.environ, server=args.server)
     cfg = provisional_config(args, plan.world_size)
     if plan.endpoints:  # --hosts: nothing to exchange
-        server_endpoint = planner.hosts_server_endpoint(rendezvous.hosts, base_port) if cfg.gossip.parameter_server else ""
+        server_endpoint = hosts_server_endpoint(rendezvous.hosts, base_port) if cfg.gossip.parameter_server else ""
         return _finish(args, plan.world_size, plan.rank, plan.endpoints, server_endpoint), plan.local_rank, ""
     if plan.store is None:  # alone
         return _finish(args, 1, 0, (), ""), plan.local_rank, ""
@@ -136,17 +136,21 @@ def stop_when_stdin_closes() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if os.environ.get("GOSSIP_STOP_ON_EOF") == "1":
+        stop_when_stdin_closes()
+    # torch's C++ side warns, with a stack trace, about every rendezvous-store connection that ends; our own
+    # errors say what went wrong in one line (read when torch is imported; a user's setting wins)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         rendezvous = rendezvous_from_args(args)
-        provisional_config(args, rendezvous.world_size or None)
+        plan = plan_rendezvous(rendezvous, args.base_port, os.environ, server=args.server)
+        provisional_config(args, plan.world_size)
         from gossip.tasks import load_task
 
         load_task(args.task)  # an unknown task fails here, before any network
     except (ConfigError, TaskError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    if os.environ.get("GOSSIP_STOP_ON_EOF") == "1":
-        stop_when_stdin_closes()
     from gossip.peer import guarded, name_logs, run_role  # imports torch
     import torch
 
@@ -154,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> None:
         nonlocal name
-        cfg, local_rank, run_name = meet(args, rendezvous)
+        cfg, local_rank, run_name = meet(args, rendezvous, plan)
         if not args.server:
             name = f"peer {cfg.gossip.rank}"
             name_logs(name)

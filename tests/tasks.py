@@ -78,3 +78,28 @@ def ordered_digits(ctx: TaskContext) -> Task:
         return F.cross_entropy(model(x_train[index]), y_train[index])
 
     return Task(model, loss, evaluator(model, x_test, y_test), optimizer, samples_per_step=ctx.batch_size)
+
+
+def dies(ctx: TaskContext) -> Task:
+    """Digits at 20 ms a step; a peer whose rank is in $GOSSIP_TEST_DYING_RANKS (or which runs with
+    $GOSSIP_TEST_DIE set, as under one torchrun agent) dies in its 20th step, exit status 3, no goodbye:
+    its neighbours must give it up and finish without it."""
+    import os
+
+    task = slow_digits(ctx)
+    dying = os.environ.get("GOSSIP_TEST_DIE") == "1" or \
+        str(ctx.rank) in os.environ.get("GOSSIP_TEST_DYING_RANKS", "").split(",")
+    if not dying:
+        return task
+    steps = 0
+    inner = task.loss
+
+    def loss() -> torch.Tensor:
+        nonlocal steps
+        steps += 1
+        if steps == 20:
+            os._exit(3)
+        return inner()
+
+    task.loss = loss
+    return task
