@@ -1,5 +1,6 @@
-"""Peers started the multi-host ways, here on loopback: by hand with the line the first peer prints, as a
-fixed host list with one peer dying mid-run, and by ``gossip-launch --hosts`` with a parameter server."""
+"""Peers started the multi-host ways, here on loopback: as a fixed host list with one peer dying mid-run,
+by ``gossip-launch --hosts`` with a parameter server, and by hand where test_netns.py cannot do that across
+network namespaces. (torchrun is in test_torchrun.py.)"""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import netns
 from tests.conftest import ROOT, free_base_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -70,6 +72,8 @@ def events(out: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in (out / f"peer-{rank}.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.skipif(netns.unavailable() is None, reason="test_netns.py starts peers by hand across two "
+                    "network namespaces")
 def test_peers_started_by_hand_join_with_the_line_the_first_peer_prints(peers, tmp_path):
     out, base = tmp_path / "run", free_base_port(4) + 1  # the first peer's rendezvous store takes base - 1
     peers.start(["--world-size", "3", "--bind", "127.0.0.1", "--base-port", str(base), "--steps", "60",
