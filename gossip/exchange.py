@@ -8,6 +8,8 @@ Keys, under the plan's namespace:
     name           the first writer's run name (the output directory's, unless --out is given)
     rank/R         claimed with compare_set by the one peer that takes rank R
     next           a counter that gives ranks out to peers that join without one
+    claimed        set by the peer serving the store once it holds its rank; a peer that joins without a
+                   rank takes one only then, so that it cannot take the first peer's
     endpoint/R     peer R's announced endpoint; ``endpoint/server`` the parameter server's
     read, done     the last reader sets ``done``, and the peer serving the store may then close it
 
@@ -125,7 +127,11 @@ class StoreRendezvous:
         self._agree_run(run)
         run_name = self._compare_set("name", run_name)
         if not server:
+            if rank is None and self.plan.source == "join":  # after the first peer took the rank it wants
+                self._wait_keys(["claimed"], "the first peer did not take its rank")
             rank = self._claim(rank, world_size)
+        if self.plan.host_store:
+            self._set("claimed", "1")
         me = "server" if server else str(rank)
         self._set(f"endpoint/{me}", endpoint_of(rank))
         names = [str(r) for r in range(world_size)] + (["server"] if parameter_server else [])
@@ -171,6 +177,8 @@ class StoreRendezvous:
     def _claim(self, rank: int | None, world_size: int) -> int:
         token = f"{socket.gethostname()} pid {os.getpid()} ({os.urandom(4).hex()})"  # unique even per thread
         if rank is not None:
+            if rank >= world_size:
+                raise ConfigError(f"rank {rank} is outside 0..{world_size - 1}: the swarm has {world_size} peers")
             holder = self._compare_set(f"rank/{rank}", token)
             if holder != token:
                 raise ConfigError(f"rank {rank} is already taken by {holder}; give every peer its own --rank")

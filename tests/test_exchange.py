@@ -3,6 +3,7 @@ peer reading the same endpoints, and one clear error for each way a swarm can be
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -47,20 +48,28 @@ def test_joiners_get_distinct_ranks_and_everyone_reads_the_same_endpoints():
     assert {a.run_name for a in results} == {"name-first peer"}  # the first peer's proposal
 
 
+def held_store(port: int) -> TCPStore:
+    """A store the test serves, so that it outlives a first peer whose short timeout expires."""
+    return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+
+
 def test_different_run_flags_are_refused_by_name():
     port = free_base_port(1)
-    first, joiner = first_and_joiners(port, world_size=2, joiners=1)
+    store = held_store(port)
+    joiner = Plan("join", None, None, 0, store=("127.0.0.1", port))
     with ThreadPoolExecutor(2) as pool:
-        hosted = pool.submit(meet, first, timeout=1.5)
+        hosted = pool.submit(meet, Plan("first peer", 0, 2, 0, store=("127.0.0.1", port)), timeout=1.5)
         refused = pool.submit(meet, joiner, run={"task": "digits", "steps": 200})
         assert "steps 200 here, 300 there" in str(refused.exception())
         assert isinstance(hosted.exception(), PeerTimeout)
         assert "peer(s) 1 did not check in within 1.5 s (--rendezvous-timeout)" in str(hosted.exception())
+    del store
 
 
 def test_one_peer_too_many_is_told_so():
     port = free_base_port(1)
-    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # outlives the swarm here
+    store = held_store(port)
+    store.set("gossip/claimed", "1")  # as the first peer does once it holds its rank
     joiner = Plan("join", None, 1, 0, store=("127.0.0.1", port))
     assert meet(joiner).rank == 0
     with pytest.raises(ConfigError, match="already has its 1 peers; this one is one too many"):
@@ -70,12 +79,17 @@ def test_one_peer_too_many_is_told_so():
 
 def test_two_peers_with_the_same_rank_and_a_disagreeing_world_size():
     port = free_base_port(1)
-    first, joiner = first_and_joiners(port, world_size=3, joiners=1)
+    store = held_store(port)
     with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(meet, first, timeout=1.5), pool.submit(meet, joiner, rank=0),
+        first = pool.submit(meet, Plan("first peer", 0, 3, 0, store=("127.0.0.1", port)), timeout=1.5)
+        while not store.check(["gossip/rank/0"]) and not first.done():
+            time.sleep(0.01)
+        futures = [pool.submit(meet, Plan("join", None, None, 0, store=("127.0.0.1", port)), rank=0),
                    pool.submit(meet, Plan("join", 2, 5, 0, store=("127.0.0.1", port)))]
-        assert "rank 0 is already taken" in str(futures[1].exception())
-        assert "started for a world of 5, the swarm has 3" in str(futures[2].exception())
+        assert "rank 0 is already taken" in str(futures[0].exception())
+        assert "started for a world of 5, the swarm has 3" in str(futures[1].exception())
+        assert isinstance(first.exception(), PeerTimeout)
+    del store
 
 
 def test_nobody_at_the_initial_peer_is_a_clear_timeout():
@@ -89,3 +103,14 @@ def test_announce_address():
     assert announce_address("", "10.1.1.1", "10.0.0.1") == "10.1.1.1"
     assert announce_address("", "0.0.0.0", "127.0.0.1") == "127.0.0.1"
     assert announce_address("", "", "localhost") == "127.0.0.1"
+
+
+def test_a_rank_beyond_the_swarm_is_refused():
+    port = free_base_port(1)
+    store = held_store(port)
+    with ThreadPoolExecutor(2) as pool:
+        hosted = pool.submit(meet, Plan("first peer", 0, 2, 0, store=("127.0.0.1", port)), timeout=1.5)
+        with pytest.raises(ConfigError, match="rank 5 is outside 0..1: the swarm has 2 peers"):
+            pool.submit(meet, Plan("join", 5, None, 0, store=("127.0.0.1", port))).result()
+        assert isinstance(hosted.exception(), PeerTimeout)
+    del store
