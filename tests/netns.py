@@ -105,6 +105,26 @@ def _run(argv: list[str]) -> str:
     return done.stdout
 
 
+def throughput(hosts: TwoHosts, address: str, size: int, port: int) -> float:
+    """Bytes per second of one TCP stream of ``size`` bytes from host 0 to ``address`` on host 1."""
+    root = Path(__file__).resolve().parent.parent
+    sink = subprocess.Popen(hosts.exec(1, [sys.executable, "-m", "tests.netns", "recv", address, str(port)]),
+                            cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        if sink.stdout.readline().strip() != "listening":
+            raise RuntimeError(f"the TCP sink on {address} did not start")
+        subprocess.run(hosts.exec(0, [sys.executable, "-m", "tests.netns", "send", address, str(port), str(size)]),
+                       cwd=root, check=True, timeout=60)
+        total, seconds = sink.communicate(timeout=60)[0].split()
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait(10)
+    if int(total) != size:
+        raise RuntimeError(f"the sink received {total} of {size} bytes")
+    return int(total) / float(seconds)
+
+
 def receive(address: str, port: int) -> None:
     """Accept one connection, read it to the end, print 'bytes seconds' from the first byte to the last."""
     with socket.create_server((address, port)) as server:

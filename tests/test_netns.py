@@ -28,21 +28,7 @@ def hosts(tmp_path):
 
 
 def measure(hosts: netns.TwoHosts, address: str, size: int) -> float:
-    """Bytes per second of one TCP stream from host 0 to ``address`` on host 1."""
-    port = free_base_port(1)
-    sink = subprocess.Popen(hosts.exec(1, [sys.executable, "-m", "tests.netns", "recv", address, str(port)]),
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert sink.stdout.readline().strip() == "listening"
-        subprocess.run(hosts.exec(0, [sys.executable, "-m", "tests.netns", "send", address, str(port), str(size)]),
-                       cwd=ROOT, check=True, timeout=60)
-        total, seconds = sink.communicate(timeout=60)[0].split()
-    finally:
-        if sink.poll() is None:
-            sink.kill()
-            sink.wait(10)
-    assert int(total) == size
-    return int(total) / float(seconds)
+    return netns.throughput(hosts, address, size, free_base_port(1))
 
 
 def test_the_limited_link_is_limited_and_the_other_is_not(hosts):
