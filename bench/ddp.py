@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=29533)
+    parser.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address (ranks on other hosts)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rank", type=int, default=None, help="internal: run one rank")
     args = parser.parse_args(argv)
@@ -60,7 +61,7 @@ def rank_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     events = EventLog(args.out / f"peer-{rank}.jsonl")
     events.write("start", rank=rank, pid=os.getpid(), speed=speed)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.port}", rank=rank,
                             world_size=args.nodes, timeout=datetime.timedelta(seconds=120))
     x_train, y_train, x_test, y_test = load_split()
     mine = torch.from_numpy(shard(len(x_train), rank, args.nodes, args.seed))

@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import topologies
+from gossip.address import bindable, check_host, parse_hosts, split_endpoint
 from gossip.errors import ConfigError
 
 GOSSIP_MODES = ("gossip-sync", "gossip-async")
@@ -40,6 +42,7 @@ class GossipConfig:
     host: str = "127.0.0.1"
     base_port: int = 47000
     endpoints: tuple[str, ...] = ()  # one per rank; empty means tcp://host:(base_port + rank)
+    bind: str = ""  # address to listen on (e.g. 0.0.0.0); empty: our endpoint's host if it is an IP address
     server_endpoint: str = ""  # ps-* modes; empty means tcp://host:(base_port + world_size)
     secure: str = ""  # KEYDIR: CurveZMQ on every socket, only the public keys in KEYDIR/public admitted
     gossip_every: int = 1  # local steps between two mixes (schedule "steps")
@@ -105,6 +108,11 @@ class GossipConfig:
             raise ConfigError(f"--chunk-mb {self.chunk_mb} is out of range; use a value in 0.0625..64 (8 is good)")
         if self.endpoints and len(self.endpoints) != self.world_size:
             raise ConfigError(f"{len(self.endpoints)} endpoints given for {self.world_size} peers; give one per peer")
+        for endpoint in self.endpoints + ((self.server_endpoint,) if self.server_endpoint else ()):
+            split_endpoint(endpoint)
+        check_host(self.host, "--host")
+        if self.bind:
+            check_host(self.bind, "--bind")
         if self.world_size > 1 and not self.parameter_server:
             self.build_topology()  # a bad spec fails here, before any socket opens
 
@@ -139,6 +147,12 @@ class GossipConfig:
         if self.endpoints and rank < self.world_size:
             return self.endpoints[rank]
         return f"tcp://{self.host}:{self.base_port + rank}"
+
+    def bind_endpoint(self, rank: int) -> str:
+        """Where peer ``rank`` listens: its endpoint's port on ``bind``, by default on the endpoint's own
+        address (ZeroMQ binds addresses, not names: a peer announced by name listens on every interface)."""
+        host, port = split_endpoint(self.endpoint(rank))
+        return f"tcp://{self.bind or bindable(host)}:{port}"
 
 
 @dataclass(frozen=True)
@@ -196,6 +210,7 @@ class RunConfig:
     checkpoint_every: int = 0  # steps between a peer's checkpoints (the server: updates); 0 = never
     max_restarts: int = 0  # the launcher restarts a process that died, with --resume, this many times
     keep_going: bool = False  # a peer that died for good does not stop the others (the server always does)
+    device: str = "auto"  # auto (cuda:LOCAL_RANK mod GPUs when torch sees a GPU, else cpu), cpu, cuda, cuda:I
     # sized like the default run, so that RunConfig() is valid; other sizes pass their own GossipConfig
     gossip: GossipConfig = field(default_factory=lambda: GossipConfig(world_size=DEFAULT_NODES))
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
@@ -212,6 +227,8 @@ class RunConfig:
         _check_int(self, "checkpoint_every", minimum=0)
         _check_int(self, "max_restarts", minimum=0)
         _check_positive(self, "lr")
+        if not (isinstance(self.device, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device)):
+            raise ConfigError(f"--device {self.device!r} is not a device; use auto, cpu, cuda or cuda:I (e.g. cuda:1)")
         if not (_is_real(self.momentum) and 0 <= self.momentum < 1):
             raise ConfigError(f"--momentum {self.momentum} must be in [0, 1)")
         if not (_is_real(self.compute_ms) and self.compute_ms >= 0):
@@ -265,6 +282,45 @@ class RunConfig:
         return cls(**data, gossip=GossipConfig(**gossip_data), coordinator=coordinator)
 
 
+@dataclass(frozen=True)
+class RendezvousConfig:
+    """How a peer started on its own (``gossip-peer``, under torchrun, srun or mpirun) learns its rank, the
+    world size and its peers' endpoints; and how ``gossip-launch --hosts`` starts peers on other hosts.
+    Explicit values win over the environment (see ``gossip.rendezvous``)."""
+
+    rank: int = -1  # -1: from torchrun, SLURM or MPI variables, else given out by the first peer
+    world_size: int = 0  # 0: from the environment, else learned from the first peer
+    announce: str = ""  # address others reach this peer at; empty: the one that routes to the store
+    initial_peers: tuple[str, ...] = ()  # tcp://HOST:PORT of the first peer's rendezvous store
+    rendezvous_port: int = 0  # the first peer's rendezvous store listens here; 0: BASE_PORT - 1
+    rendezvous_timeout: float = 300.0  # seconds to wait for the whole world to check in
+    hosts: str = ""  # "a:4,b:2": ranks 0-3 on host a, 4-5 on b, peer r listening on BASE_PORT + r
+    hostfile: str = ""  # gossip-launch: hosts from a file, one per line ("node01 slots=4")
+    remote_shell: str = "ssh"  # gossip-launch: command that runs a command on a host: SHELL HOST COMMAND
+    remote_python: str = ""  # gossip-launch: python on the other hosts; empty: this interpreter's path
+
+    def __post_init__(self) -> None:
+        _check_int(self, "rank", minimum=-1)
+        _check_int(self, "world_size", minimum=0, flag="--world-size")
+        _check_int(self, "rendezvous_port", minimum=0, maximum=65535)
+        _check_positive(self, "rendezvous_timeout")
+        if self.rank >= 0 and self.world_size and self.rank >= self.world_size:
+            raise ConfigError(f"--rank {self.rank} is outside 0..{self.world_size - 1}; ranks count from 0")
+        if self.announce:
+            check_host(self.announce, "--announce")
+        for endpoint in self.initial_peers:
+            split_endpoint(endpoint)
+        if self.hosts:
+            parse_hosts(self.hosts)
+        if self.hosts and self.hostfile:
+            raise ConfigError("give --hosts or --hostfile, not both")
+        if not (isinstance(self.remote_shell, str) and self.remote_shell.split()):
+            raise ConfigError("--remote-shell is empty; give the command that runs a command on a host, e.g. ssh")
+
+    def store_port(self, base_port: int) -> int:
+        return self.rendezvous_port or base_port - 1
+
+
 def build_topology(spec: str, world_size: int) -> topologies.Topology:
     """``topologies.build`` with its errors translated into ours at the package boundary."""
     try:
@@ -280,9 +336,9 @@ def _flag(name: str) -> str:
     return {"world_size": "--nodes", "peer_speeds": "--speeds"}.get(name, "--" + name.replace("_", "-"))
 
 
-def _check_int(obj: Any, name: str, *, minimum: int, maximum: int | None = None) -> None:
+def _check_int(obj: Any, name: str, *, minimum: int, maximum: int | None = None, flag: str = "") -> None:
     value = getattr(obj, name)
-    flag = _flag(name)
+    flag = flag or _flag(name)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{flag} must be an integer, got {value!r}")
     if value < minimum or (maximum is not None and value > maximum):

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from gossip.api import attach
 from gossip.averagers import Averager
 from gossip.config import RunConfig
 from gossip import checkpoint
+from gossip.device import cpu_state, resolve_device
 from gossip.errors import CheckpointError, ConfigError, GossipError, Stopped
 from gossip.metrics import EventLog, finite_or_none
 from gossip.tasks import Task, TaskContext, build_task
@@ -74,7 +76,7 @@ def checkpoint_path(out: Path, rank: int) -> Path:
 
 def save_checkpoint(out: Path, task: Task, averager: Averager, events: EventLog) -> None:
     """Model, optimizer state and the averager's counters, atomically (``gossip/checkpoint.py``)."""
-    state = {"model": task.model.state_dict(),
+    state = {"model": cpu_state(task.model),
              "optimizer": task.optimizer.state_dict() if task.optimizer is not None else None,
              "counters": {"step": averager.local_step, "rounds": averager.rounds, "samples": averager.samples,
                           "weight": float(getattr(averager, "weight", 1.0))}}
@@ -100,20 +102,24 @@ def load_checkpoint(out: Path, rank: int, task: Task, events: EventLog) -> dict:
     return {**state["counters"], "found": True}
 
 
-def run(cfg: RunConfig, out: Path, resume: bool = False) -> None:
+def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool = False) -> None:
+    """Train as peer ``cfg.gossip.rank``; ``local_rank`` (default: the rank) picks the GPU of --device auto;
+    ``resume``: continue from our checkpoint and rejoin the others."""
     rank = cfg.gossip.rank
     events = EventLog(out / f"peer-{rank}.jsonl")
     events.write("start", rank=rank, pid=os.getpid(), speed=cfg.speed(rank))
     try:
+        device = resolve_device(cfg.device, rank if local_rank is None else local_rank)
         task = build_task(cfg.task, TaskContext(rank, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum,
-                                                cfg.batch_size, cfg.dim))
+                                                cfg.batch_size, cfg.dim, device))
         state = load_checkpoint(out, rank, task, events) if resume else None
         averager = attach(task.model, cfg.gossip, coordinator=cfg.coordinator, resume=state)
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc))
         raise
     started = time.time()
-    events.write("ready", endpoint=cfg.gossip.endpoint(rank), step=averager.local_step, round=averager.rounds)
+    events.write("ready", endpoint=cfg.gossip.endpoint(rank), device=str(device), step=averager.local_step,
+                 round=averager.rounds)
     trace = Trace(averager, cfg.trace_coords, cfg.gossip.seed, cfg.total_rounds)
     trace.record(averager.rounds, final=True)  # round 0, or the round a restarted peer rejoined in
     try:
@@ -125,7 +131,7 @@ def run(cfg: RunConfig, out: Path, resume: bool = False) -> None:
     if averager.rounds not in trace.rounds:
         trace.record(averager.rounds, final=True)  # after close(): the last round is mixed in
     metrics = task.evaluate()
-    torch.save(task.model.state_dict(), out / f"model-{rank}.pt")
+    torch.save(cpu_state(task.model), out / f"model-{rank}.pt")
     trace.save(out / f"trace-{rank}.npz")
     events.write("end", wall_seconds=time.time() - started, test=metrics, **averager.statistics())
     events.close()
@@ -191,28 +197,49 @@ def main(argv: list[str] | None = None) -> int:
     role.add_argument("--server", action="store_true", help="run the parameter server (ps-* modes)")
     parser.add_argument("--resume", action="store_true", help="continue from this process's last checkpoint")
     args = parser.parse_args(argv)
-    name = "server" if args.server else f"peer {args.rank}"
     if os.environ.get("GOSSIP_LAUNCHER_PID") == str(os.getppid()):
         _die_with_parent()
-    signal.signal(signal.SIGTERM, _raise_stopped)
-    signal.signal(signal.SIGINT, _raise_stopped)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
-    try:
+
+    def body() -> None:
         cfg = load_config(args.config, 0 if args.server else args.rank)
         torch.set_num_threads(cfg.threads_per_peer)
-        if args.server:
-            from gossip.coordinator.server import run_server
+        run_role(cfg, args.config.parent, args.server, resume=args.resume)
 
-            run_server(cfg, args.config.parent, resume=args.resume)
-        else:
-            run(cfg, args.config.parent, resume=args.resume)
+    name = "server" if args.server else f"peer {args.rank}"
+    return guarded(lambda: name, body)
+
+
+def run_role(cfg: RunConfig, out: Path, server: bool, local_rank: int | None = None, resume: bool = False) -> None:
+    if server:
+        from gossip.coordinator.server import run_server
+
+        run_server(cfg, out, resume=resume)
+    else:
+        run(cfg, out, local_rank, resume=resume)
+
+
+def guarded(name: Callable[[], str], body: Callable[[], None]) -> int:
+    """Run ``body`` as a peer process does: SIGINT/SIGTERM raise ``Stopped``, log lines carry ``name()``,
+    and an error ends in one line on stderr. Returns the exit status (module docstring)."""
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    signal.signal(signal.SIGINT, _raise_stopped)
+    logging.basicConfig(level=logging.INFO)
+    name_logs(name())
+    try:
+        body()
     except Stopped as exc:
-        print(f"{name}: stopped by {exc}", file=sys.stderr)
+        print(f"{name()}: stopped by {exc}", file=sys.stderr)
         return 128 + exc.signum
     except (GossipError, OSError) as exc:
-        print(f"{name}: {exc}", file=sys.stderr)
+        print(f"{name()}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def name_logs(name: str) -> None:
+    """Prefix every log line with ``name`` (a peer learns its rank only at the rendezvous)."""
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """``python -m launch`` / ``gossip-launch``: parse the flags, run the peers, print the summary.
 
 Every flag's default comes from ``gossip.config`` (the single home of defaults). A bad flag ends in
-one line on stderr that says what is wrong and how to fix it, and exit status 2.
+one line on stderr that says what is wrong and how to fix it, and exit status 2. ``FLAGS`` are the
+launcher's; a peer started on its own (``gossip-peer``, ``launch/peer.py``) takes the same flags except
+``LAUNCHER_ONLY``, plus ``PEER_FLAGS``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from gossip.config import (DEADLINES, MODES, PARTNERS, SCHEDULES, STALENESS_WEIGHTS, WEIGHT_BY, CoordinatorConfig,
-                           GossipConfig, RunConfig)
+                           GossipConfig, RendezvousConfig, RunConfig)
 from gossip.errors import ConfigError, TaskError
 from launch.procs import START_METHODS
 
@@ -22,6 +24,9 @@ PROG = "gossip-launch"
 RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 GOSSIP_FIELDS = {f.name: f for f in dataclasses.fields(GossipConfig)}
 COORDINATOR_FIELDS = {f.name: f for f in dataclasses.fields(CoordinatorConfig)}
+RENDEZVOUS_FIELDS = {f.name: f for f in dataclasses.fields(RendezvousConfig)}
+# which dataclass owns a flag's field: the first that has it (``rank``: the rendezvous's, not GossipConfig's)
+OWNERS = (RUN_FIELDS, RENDEZVOUS_FIELDS, GOSSIP_FIELDS, COORDINATOR_FIELDS)
 
 # (flag, field, help); the owning dataclass is found by field name, the type from the default.
 FLAGS: list[tuple[str, str, str]] = [
@@ -91,7 +96,23 @@ FLAGS: list[tuple[str, str, str]] = [
     ("--checkpoint-every", "checkpoint_every", "steps between checkpoints (server: updates); 0 = none"),
     ("--max-restarts", "max_restarts", "restart a process that died, with --resume, up to this many times each"),
     ("--keep-going", "keep_going", "a peer that died for good does not stop the others"),
+    ("--device", "device", "auto (GPU LOCAL_RANK mod GPUs when torch sees one, else the CPU), cpu, cuda or cuda:I"),
+    ("--bind", "bind", "address the peers listen on, e.g. 0.0.0.0 (empty: the address they announce)"),
+    ("--hosts", "hosts", "run on several hosts, e.g. a:4,b:2 (ranks 0-3 on a, 4-5 on b; peer r on port BASE_PORT+r)"),
+    ("--hostfile", "hostfile", "file with one host per line ('node01 slots=4' or 'node01:4'), instead of --hosts"),
+    ("--remote-shell", "remote_shell", "command that runs a command on another host: SHELL HOST COMMAND"),
+    ("--remote-python", "remote_python", "python on the other hosts (empty: this interpreter's path)"),
 ]
+# flags of a peer started on its own; see gossip.rendezvous for what each overrides
+PEER_FLAGS: list[tuple[str, str, str]] = [
+    ("--rank", "rank", "this peer's rank (-1: from torchrun, SLURM or MPI, else given out by the first peer)"),
+    ("--world-size", "world_size", "number of peers (0: from torchrun, SLURM or MPI, else the first peer's)"),
+    ("--announce", "announce", "address other hosts reach this peer at (empty: the one that routes to the store)"),
+    ("--initial-peers", "initial_peers", "tcp://HOST:PORT of the swarm's rendezvous store (the first peer prints it)"),
+    ("--rendezvous-port", "rendezvous_port", "port of the store the first peer (or SLURM rank 0) serves; 0: BASE_PORT-1"),
+    ("--rendezvous-timeout", "rendezvous_timeout", "seconds to wait for every peer to check in"),
+]
+LAUNCHER_ONLY = frozenset({"nodes", "host", "hostfile", "remote_shell", "remote_python"})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,23 +127,37 @@ def _parse_floats(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, e.g. 1,1,0.25")
 
 
+def _parse_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 PER_PEER_DEFAULTS = {"speeds": "all 1", "link_mbit": "none", "link_latency_ms": "none"}
+LIST_PARSERS = {**{name: _parse_floats for name in PER_PEER_DEFAULTS}, "initial_peers": _parse_list}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Start N local peers that train one model together by gossip "
-                     "averaging over ZeroMQ, show their progress and summarise the run.")
-    for flag, name, help_text in FLAGS:
-        field = RUN_FIELDS.get(name) or GOSSIP_FIELDS.get(name) or COORDINATOR_FIELDS[name]
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+def default_of(name: str) -> Any:
+    field = next(fields[name] for fields in OWNERS if name in fields)
+    return field.default if field.default is not dataclasses.MISSING else field.default_factory()
+
+
+def add_flags(parser: argparse.ArgumentParser, table: list[tuple[str, str, str]]) -> None:
+    """One argparse option per table row, typed and defaulted by its dataclass field."""
+    for flag, name, help_text in table:
+        default = default_of(name)
         shown = (",".join(map(str, default)) or PER_PEER_DEFAULTS[name]) if name in PER_PEER_DEFAULTS else default
         help_text = f"{help_text} (default: {shown!s})" if name != "out" else help_text
         if isinstance(default, bool):
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_text)
             continue
-        kind = _parse_floats if name in PER_PEER_DEFAULTS else type(default)
+        kind = LIST_PARSERS.get(name, type(default))
         parser.add_argument(flag, dest=name, type=kind, default=default, metavar=name.upper(), help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Start N local peers (or peers on several hosts, --hosts) that train "
+                     "one model together by gossip averaging over ZeroMQ, show their progress and summarise the run.")
+    add_flags(parser, FLAGS)
     parser.add_argument("--progress", choices=("auto", "live", "plain", "off"), default="auto",
                         help="live table on a terminal, periodic lines otherwise (default: auto)")
     parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True,
@@ -133,26 +168,68 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    values = vars(args)
-    gossip_values = {name: values[name] for name in GOSSIP_FIELDS if name in values}
-    coordinator_values = {name: values[name] for name in COORDINATOR_FIELDS if name in values}
-    run_values = {name: values[name] for name in RUN_FIELDS if name in values and name not in ("gossip", "coordinator")}
+def owned_values(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:
+    """The parsed values of the flags whose field belongs to ``fields``'s dataclass."""
+    owner = {name: next(f for f in OWNERS if name in f) for name in vars(args) if any(name in f for f in OWNERS)}
+    return {name: value for name, value in vars(args).items() if owner.get(name) is fields}
+
+
+def config_from_args(args: argparse.Namespace, nodes: int | None = None) -> RunConfig:
+    """The run the flags describe, for ``nodes`` peers (default: ``--nodes``)."""
+    run_values = owned_values(args, RUN_FIELDS)
+    run_values["nodes"] = nodes or run_values.get("nodes", default_of("nodes"))
     if not run_values["out"]:
         run_values["out"] = time.strftime("runs/%Y%m%d-%H%M%S")
     # Partner classes come from the emulated speeds, which every peer reads from the same config.json
     # (a list of the wrong length is left for RunConfig to report, in the words of --speeds).
     speeds = run_values["speeds"] if len(run_values["speeds"]) == run_values["nodes"] else ()
-    gossip = GossipConfig(world_size=run_values["nodes"], peer_speeds=speeds, **gossip_values)
-    return RunConfig(**run_values, gossip=gossip, coordinator=CoordinatorConfig(**coordinator_values))
+    gossip = GossipConfig(world_size=run_values["nodes"], peer_speeds=speeds, **owned_values(args, GOSSIP_FIELDS))
+    return RunConfig(**run_values, gossip=gossip, coordinator=CoordinatorConfig(**owned_values(args, COORDINATOR_FIELDS)))
+
+
+def rendezvous_from_args(args: argparse.Namespace) -> RendezvousConfig:
+    return RendezvousConfig(**owned_values(args, RENDEZVOUS_FIELDS))
+
+
+def flag_argv(values: dict[str, Any], table: list[tuple[str, str, str]]) -> list[str]:
+    """Flags that reproduce ``values`` (field name -> value), leaving out those at their default."""
+    argv = []
+    for flag, name, _ in table:
+        if name not in values or values[name] == default_of(name):
+            continue
+        value = values[name]
+        if isinstance(value, bool):
+            argv.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            argv += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+    return argv
+
+
+def field_values(cfg: RunConfig, rendezvous: RendezvousConfig | None = None) -> dict[str, Any]:
+    """Every flag's field name -> its value in ``cfg`` (and ``rendezvous``)."""
+    values = {**dataclasses.asdict(cfg.coordinator), **dataclasses.asdict(cfg.gossip),
+              **(dataclasses.asdict(rendezvous) if rendezvous else {})}
+    values.update({f: getattr(cfg, f) for f in RUN_FIELDS if f not in ("gossip", "coordinator")})
+    for name in ("endpoints", "speeds", "initial_peers", "link_mbit", "link_latency_ms", "peer_speeds"):
+        if isinstance(values.get(name), list):
+            values[name] = tuple(values[name])
+    return values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        rendezvous = rendezvous_from_args(args)
+        if rendezvous.hosts or rendezvous.hostfile:
+            from launch.hosts import run_hosts  # imports torch; keep --help and flag errors fast
+
+            nodes_given = any(a == "--nodes" or a.startswith("--nodes=") for a in (argv or sys.argv[1:]))
+            return run_hosts(args, rendezvous, nodes_given, progress=args.progress, start_method=args.start_method,
+                             plot=args.plot)
         cfg = config_from_args(args)
         from launch.local import run_local  # imports torch; keep --help and flag errors fast
+
         return run_local(cfg, progress=args.progress, start_method=args.start_method, plot=args.plot)
     except (ConfigError, TaskError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

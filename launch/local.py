@@ -18,10 +18,12 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gossip.address import split_endpoint
 from gossip.config import RunConfig
 from gossip.errors import ConfigError
 from gossip.security import load_keys
@@ -51,17 +53,18 @@ def prepare_out(cfg: RunConfig) -> Path:
     return out
 
 
-def check_ports(cfg: RunConfig) -> None:
-    """Fail before spawning anything when a peer's port is taken (a leftover run, another program)."""
-    for rank in range(cfg.nodes + (1 if cfg.gossip.parameter_server else 0)):
-        port = cfg.gossip.base_port + rank
+def check_ports(cfg: RunConfig, ranks: list[int] | None = None) -> None:
+    """Fail before spawning anything when a local peer's port is taken (a leftover run, another program)."""
+    everyone = range(cfg.nodes + (1 if cfg.gossip.parameter_server else 0))
+    for rank in everyone if ranks is None else ranks:
+        host, port = split_endpoint(cfg.gossip.bind_endpoint(rank))
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libzmq does: TIME_WAIT is no conflict
             try:
-                probe.bind((cfg.gossip.host, port))
+                probe.bind((host, port))
             except OSError as exc:
                 who = "the server" if rank == cfg.nodes else f"peer {rank}"
-                raise ConfigError(f"port {port} for {who} on {cfg.gossip.host} is unavailable ({exc.strerror}); "
+                raise ConfigError(f"port {port} for {who} on {host} is unavailable ({exc.strerror}); "
                                   f"choose another --base-port") from exc
 
 
@@ -157,12 +160,6 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
     if links is None:
         check_ports(cfg)  # in fresh namespaces every port is free
     out = prepare_out(cfg)
-
-    def on_signal(signum: int, frame: object) -> None:
-        raise Interrupted(signum)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    members: list[Member] = []
     env = {"GOSSIP_LAUNCHER_PID": str(os.getpid()), "OMP_NUM_THREADS": str(cfg.threads_per_peer),
            "PYTHONUNBUFFERED": "1"}
 
@@ -174,13 +171,29 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
                                  netns=member.netns)
         return True
 
+    return supervise(cfg, out, lambda: spawn(cfg, out, start_method, env, links), progress, plot, restart=restart,
+                     context=links)
+
+
+def supervise(cfg: RunConfig, out: Path, start: Callable[[], list[Member]], progress: str, plot: bool,
+              restart: Callable[[Member], bool] = lambda member: False,
+              summarise_ready: Callable[[], bool] = lambda: True, context: Any = None) -> int:
+    """Start the processes with ``start``, show their progress, restart one that died (``restart``), stop
+    them all on a failure or a signal, and summarise (when ``summarise_ready`` says every peer's files are
+    here). ``context`` (the network namespaces of --link-mbit) is left only after every process stopped.
+    Returns the exit status."""
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    members: list[Member] = []
     started = time.time()
-    namespaces = links if links is not None else contextlib.nullcontext()
     rounds = cfg.rounds if cfg.gossip.schedule == "time" else 0
     try:
-        with namespaces:  # removed after the peers are stopped, whichever way we leave
+        with context if context is not None else contextlib.nullcontext():
             try:
-                members = spawn(cfg, out, start_method, env, links)
+                members = start()
                 with Progress(out, cfg.nodes, cfg.steps, progress, rounds) as display:
                     failure = watch(cfg, members, display, out, restart)
             except Interrupted as exc:
@@ -196,8 +209,9 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
     if failure:
         print(f"gossip-launch: error: {failure}", file=sys.stderr)
         return 1
-    from launch.summary import summarise
+    if summarise_ready():
+        from launch.summary import summarise
 
-    failed = [m.name for m in members if m.given_up]
-    summarise(cfg, out, wall_seconds=time.time() - started, plot=plot, failed=failed)
+        failed = [m.name for m in members if m.given_up]
+        summarise(cfg, out, wall_seconds=time.time() - started, plot=plot, failed=failed)
     return 0

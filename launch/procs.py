@@ -115,8 +115,11 @@ def start_peer(method: str, argv: list[str], log_path: Path, env: dict[str, str]
 
 
 def stop_all(procs: list, grace: float) -> None:
-    """SIGTERM every live peer, wait up to ``grace`` seconds, SIGKILL the rest; only our own children."""
+    """SIGTERM every live peer, wait up to ``grace`` seconds, SIGKILL the rest; only our own children. A peer
+    on another host (started through ssh, with a pipe as its stdin) stops when that pipe closes."""
     for proc in procs:
+        if getattr(proc, "stdin", None) is not None and not proc.stdin.closed:
+            proc.stdin.close()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace

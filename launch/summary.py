@@ -1,10 +1,15 @@
 """After a run: ``summary.json``, ``model-final.pt`` (the exact average of the peers' final models),
-``summary.png``, and the summary table on stdout."""
+``summary.png``, and the summary table on stdout.
+
+``python -m launch.summary DIR`` does the same for a run whose peers were started on their own (on several
+hosts, or under torchrun): copy every host's output directory into DIR first."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +17,7 @@ import numpy as np
 import torch
 
 from gossip.config import RunConfig
+from gossip.errors import ConfigError
 from gossip.tasks import TaskContext, build_task
 from launch.events import read_events
 
@@ -195,3 +201,35 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
     lines.append(f"bytes sent (all peers)   {summary['bytes_sent'] / 1e6:.1f} MB")
     lines.append(f"results                  {out}/ (summary.json, summary.png, peer-<rank>.jsonl, model-*.pt)")
     print("\n".join(lines))
+
+
+def wall_seconds_from_events(out: Path, nodes: int) -> float:
+    """From the first peer's start to the last peer's end, by the peers' own clocks."""
+    events = [e for rank in range(nodes) for e in read_events(out / f"peer-{rank}.jsonl")]
+    starts = [e["time"] for e in events if e["event"] == "start"]
+    ends = [e["time"] for e in events if e["event"] == "end"]
+    return max(ends) - min(starts) if starts and ends else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launch.summary",
+                                     description="Summarise a run whose peers' files were collected into DIR.")
+    parser.add_argument("out", type=Path, metavar="DIR", help="holds config.json and every peer's files")
+    parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="write summary.png")
+    args = parser.parse_args(argv)
+    try:
+        cfg = RunConfig.from_dict(json.loads((args.out / "config.json").read_text()))
+        missing = [f"{kind}-{rank}.{ext}" for rank in range(cfg.nodes) for kind, ext in
+                   (("peer", "jsonl"), ("model", "pt"), ("trace", "npz")) if not (args.out / f"{kind}-{rank}.{ext}").exists()]
+        if missing:
+            raise ConfigError(f"{args.out} lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}; copy "
+                              "every host's output directory into it (e.g. rsync -a HOST:DIR/ DIR/)")
+        summarise(cfg, args.out, wall_seconds_from_events(args.out, cfg.nodes), plot=args.plot)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"python -m launch.summary: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -80,22 +80,37 @@ def ordered_digits(ctx: TaskContext) -> Task:
     return Task(model, loss, evaluator(model, x_test, y_test), optimizer, samples_per_step=ctx.batch_size)
 
 
-def worker_1_dies(ctx: TaskContext) -> Task:
-    """Digits, except that worker 1 exits abruptly (as if killed) at its 30th step."""
+def _dies_at(task: Task, step: int, code: int) -> Task:
+    """``task``, except that the process exits abruptly (as if killed: no goodbye) in its ``step``-th step."""
     import os
 
-    task = make_digits(ctx)
-    if ctx.rank != 1:
-        return task
     steps = 0
     inner = task.loss
 
     def loss() -> torch.Tensor:
         nonlocal steps
         steps += 1
-        if steps == 30:
-            os._exit(9)
+        if steps == step:
+            os._exit(code)
         return inner()
 
     task.loss = loss
     return task
+
+
+def worker_1_dies(ctx: TaskContext) -> Task:
+    """Digits, except that worker 1 exits abruptly (exit status 9) at its 30th step."""
+    task = make_digits(ctx)
+    return _dies_at(task, 30, 9) if ctx.rank == 1 else task
+
+
+def dies(ctx: TaskContext) -> Task:
+    """Digits at 20 ms a step; a peer whose rank is in $GOSSIP_TEST_DYING_RANKS (or which runs with
+    $GOSSIP_TEST_DIE set, as under one torchrun agent) dies in its 20th step, exit status 3, no goodbye:
+    its neighbours must give it up and finish without it."""
+    import os
+
+    task = slow_digits(ctx)
+    dying = os.environ.get("GOSSIP_TEST_DIE") == "1" or \
+        str(ctx.rank) in os.environ.get("GOSSIP_TEST_DYING_RANKS", "").split(",")
+    return _dies_at(task, 20, 3) if dying else task

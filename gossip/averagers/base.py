@@ -67,7 +67,7 @@ class Averager(ABC):
         endpoints = [config.endpoint(r) for r in range(ranks)]
         latency = [ms / 1000 for ms in config.link_latency_ms] or [0.0] * config.world_size
         latency += [0.0] * (ranks - len(latency))  # the parameter server's access has no emulated latency
-        self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
+        self.transport = Transport(self.rank, config.bind_endpoint(self.rank), endpoints, self.mailbox.deliver,
                                    queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
                                    recv_queue=max(64, 4 * ranks), keys=transport_keys(config, self.rank),
                                    on_link=self.mailbox.link, heartbeat_timeout=config.peer_timeout,

@@ -20,6 +20,7 @@ from gossip.config import RunConfig
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.modes import SENDS_WEIGHTS, build_core
 from gossip import checkpoint
+from gossip.device import cpu_state
 from gossip.errors import CheckpointError, GossipError, PeerTimeout, Stopped
 from gossip.flat import FlatParams
 from gossip.mailbox import QueueMailbox
@@ -39,6 +40,7 @@ class ParameterServer:
         self.events = events
         self.workers = cfg.nodes
         self.rank = self.config.server_rank
+        # on the CPU whatever --device says: its update rules take the workers' host buffers as they come
         self.task = build_task(cfg.task, TaskContext(0, cfg.nodes, self.config.seed, cfg.lr, cfg.momentum,
                                                      cfg.batch_size, cfg.dim))
         self.flat = FlatParams(self.task.model, self.config.chunk_bytes)
@@ -49,7 +51,7 @@ class ParameterServer:
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
                                     contribution=contribution)
         endpoints = [self.config.endpoint(r) for r in range(self.workers + 1)]
-        self.transport = Transport(self.rank, endpoints[self.rank], endpoints, self.mailbox.deliver,
+        self.transport = Transport(self.rank, self.config.bind_endpoint(self.rank), endpoints, self.mailbox.deliver,
                                    queue_depth=self.config.queue_depth, shutdown_timeout=self.config.shutdown_timeout,
                                    recv_queue=max(64, 4 * self.workers), keys=transport_keys(self.config, self.rank))
         self.joined: set[int] = set()
@@ -166,7 +168,7 @@ class ParameterServer:
         return self.out / "checkpoint-server.pt"
 
     def save_checkpoint(self) -> None:
-        state = {"model": self.task.model.state_dict(), "core": self.core.state_dict(),
+        state = {"model": cpu_state(self.task.model), "core": self.core.state_dict(),
                  "contributions": self.contributions, "joined": sorted(self.joined)}
         try:
             checkpoint.save(state, self.checkpoint_path())
@@ -202,7 +204,7 @@ def run_server(cfg: RunConfig, out: Path, resume: bool = False) -> None:
         server.close(finish=False)
         raise
     server.close(finish=True)
-    torch.save(server.task.model.state_dict(), out / "model-final.pt")
+    torch.save(cpu_state(server.task.model), out / "model-final.pt")
     core = server.core
     events.write("end", wall_seconds=time.time() - started, versions=core.version, updates=core.updates,
                  staleness=dict(sorted(core.staleness.items())), test=server.task.evaluate(),
