@@ -25,6 +25,7 @@ SCHEDULES = ("steps", "time")
 WEIGHT_BY = ("none", "samples")
 DEADLINES = ("fixed", "adaptive")
 PARTNERS = ("any", "similar-speed")
+AGGREGATES = ("mean", "median", "trimmed-mean")  # gossip/aggregate.py
 MiB = 1 << 20
 DEFAULT_NODES = 4
 
