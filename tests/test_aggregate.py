@@ -1,4 +1,5 @@
-"""Robust aggregation: the trim rule, exact small cases, and the properties that make it robust."""
+"""Robust aggregation: the trim rule, exact small cases, the properties that make it robust, and the
+fault injection it is measured with."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torch import nn
+
 import gossip.aggregate as agg
 from gossip.aggregate import aggregate, aggregate_into_, sorted_rows, trim_count
+from gossip.averagers.base import byzantine_garbage
+from gossip.flat import FlatParams
+from gossip.wire import decode, encode, params_header
 
 ROBUST = ("median", "trimmed-mean")
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
@@ -119,3 +125,18 @@ def test_with_fewer_than_three_inputs_a_robust_rule_keeps_the_own_model():
     target = [own[0].clone()]
     aggregate_into_(target, [target, garbage], "median", 0.2)
     assert torch.equal(target[0], own[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_byzantine_garbage_passes_every_wire_check(dtype):
+    """The fault injection must get through validation, so that only aggregation can stop it."""
+    flat = FlatParams(nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 3)).to(dtype), 256)
+    snapshot = flat.snapshot()
+    garbage = byzantine_garbage(snapshot, 1e30, seed=7)
+    message = decode(encode(params_header("params", 1, flat.layout, flat.chunk_bytes), garbage), flat.layout, 4)
+    largest = min(1e30, torch.finfo(dtype).max / 10)
+    for got, sent in zip(message.chunks, snapshot):
+        assert got.dtype == dtype and bool(torch.isfinite(got).all())
+        assert float(got.abs().max()) > largest / 4 and float(got.abs().max()) <= largest * 1.01
+        assert not torch.equal(got, sent)
+    assert all(torch.equal(a, b) for a, b in zip(garbage, byzantine_garbage(snapshot, 1e30, seed=7)))  # seeded
