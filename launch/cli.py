@@ -13,8 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gossip.config import (AGGREGATES, DEADLINES, MODES, PARTNERS, SCHEDULES, STALENESS_WEIGHTS, WEIGHT_BY, CoordinatorConfig,
-                           GossipConfig, RunConfig)
+from gossip.config import (AGGREGATES, DEADLINES, MODES, PARTNERS, SCHEDULES, STALENESS_WEIGHTS, WEIGHT_BY,
+                           CoordinatorConfig, GossipConfig, RunConfig)
 from gossip.errors import ConfigError, TaskError
 from launch.procs import START_METHODS
 

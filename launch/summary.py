@@ -104,7 +104,8 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
     server = server_result(out) if cfg.gossip.parameter_server else None
     weights = [peers[rank]["weight"] if peers[rank]["weight"] is not None else 1.0 for rank in finished]
     final_metrics = server.get("test", {}) if server else evaluate_average(cfg, states, weights, out)
-    accuracies = [p["test_accuracy"] for p in peers if p["test_accuracy"] is not None and p["rank"] not in byzantine]
+    accuracies = [p["test_accuracy"] for p in peers
+                  if p["test_accuracy"] is not None and p["rank"] not in byzantine]
     summary = {
         "mode": cfg.gossip.mode, "topology": cfg.gossip.topology, "nodes": cfg.nodes, "task": cfg.task,
         "steps": cfg.steps, "schedule": cfg.gossip.schedule, "rounds": cfg.total_rounds,
