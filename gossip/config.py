@@ -27,6 +27,7 @@ SCHEDULES = ("steps", "time")
 WEIGHT_BY = ("none", "samples")
 DEADLINES = ("fixed", "adaptive")
 PARTNERS = ("any", "similar-speed")
+AGGREGATES = ("mean", "median", "trimmed-mean")  # gossip/aggregate.py
 MiB = 1 << 20
 DEFAULT_NODES = 4
 
@@ -61,6 +62,10 @@ class GossipConfig:
     staleness_weight: str = "none"  # f(tau): none = 1, inverse = 1/(1+tau), exp = exp(-tau/T)
     staleness_temperature: float = 4.0  # T of the exp weighting, in steps
     max_staleness: int = 20  # snapshots older than this many own steps are ignored (gossip-async)
+    aggregate: str = "mean"  # gossip mixing rule: "mean" (exact, weighted), or a robust "median" / "trimmed-mean"
+    trim_fraction: float = 0.2  # trimmed-mean: drop this fraction of the values from each end (at least 1 of 3+)
+    byzantine: tuple[int, ...] = ()  # fault injection: these ranks send random finite garbage instead of weights
+    byzantine_scale: float = 1e30  # ... uniform in [-scale, scale] (capped at a tenth of the dtype's largest)
     chunk_mb: float = 8.0  # payload frame size; 8-16 MiB keeps glibc from mapping every frame anew
     queue_depth: int = 8  # messages queued per neighbour before a sync send blocks
     round_timeout: float = 60.0  # seconds a sync peer waits for its neighbours in one round
@@ -92,6 +97,7 @@ class GossipConfig:
         if self.parameter_server and (self.schedule != "steps" or self.partners != "any"):
             raise ConfigError("--schedule time and --partners apply to the gossip modes; the ps-* modes talk to "
                               "the server every step (ps-avg: every --local-steps steps)")
+        _check_aggregate(self)
         _check_int(self, "gossip_every", minimum=1)
         _check_int(self, "deadline_window", minimum=3)
         _check_positive(self, "round_seconds", "deadline_k", "deadline_floor", "pace_tolerance")
@@ -114,7 +120,9 @@ class GossipConfig:
         if self.bind:
             check_host(self.bind, "--bind")
         if self.world_size > 1 and not self.parameter_server:
-            self.build_topology()  # a bad spec fails here, before any socket opens
+            topology = self.build_topology()  # a bad spec fails here, before any socket opens
+            if self.aggregate != "mean":
+                _check_robust_degree(self, topology)
 
     @property
     def chunk_bytes(self) -> int:
@@ -276,7 +284,7 @@ class RunConfig:
         gossip_data["endpoints"] = tuple(gossip_data.get("endpoints", ()))
         for name in ("speeds", "link_mbit"):
             data[name] = tuple(data.get(name, ()))
-        for name in ("peer_speeds", "link_latency_ms"):
+        for name in ("peer_speeds", "link_latency_ms", "byzantine"):
             gossip_data[name] = tuple(gossip_data.get(name, ()))
         coordinator = CoordinatorConfig(**data.pop("coordinator", {}))
         return cls(**data, gossip=GossipConfig(**gossip_data), coordinator=coordinator)
@@ -329,6 +337,37 @@ def build_topology(spec: str, world_size: int) -> topologies.Topology:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(str(exc)) from exc
+
+
+def _check_aggregate(cfg: GossipConfig) -> None:
+    _check_choice(cfg, "aggregate", AGGREGATES)
+    if not (_is_real(cfg.trim_fraction) and 0 < cfg.trim_fraction < 0.5):
+        raise ConfigError(f"--trim-fraction must be in (0, 0.5), got {cfg.trim_fraction!r}")
+    robust = f"--aggregate {cfg.aggregate}"
+    if cfg.aggregate != "mean" and cfg.parameter_server:
+        raise ConfigError(f"{robust} applies to the gossip modes; the ps-* server averages every worker itself")
+    if cfg.aggregate != "mean" and (cfg.weight_by != "none" or cfg.deadline != "fixed"):
+        raise ConfigError(f"{robust} cannot be combined with --weight-by samples or --deadline adaptive: their "
+                          "push-sum masses assume a linear mean (mass carried between rounds), which a median breaks")
+    if cfg.aggregate != "mean" and cfg.staleness_weight != "none":
+        raise ConfigError(f"{robust} counts each snapshot once, so --staleness-weight does not apply; use "
+                          "--max-staleness to leave out old snapshots")
+    if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < cfg.world_size for r in cfg.byzantine):
+        raise ConfigError(f"--byzantine must list peer ranks in 0..{cfg.world_size - 1}, got "
+                          f"{','.join(map(str, cfg.byzantine))}")
+    if cfg.byzantine and cfg.parameter_server:
+        raise ConfigError("--byzantine applies to the gossip modes")
+    _check_positive(cfg, "byzantine_scale")
+
+
+def _check_robust_degree(cfg: GossipConfig, topology: topologies.Topology) -> None:
+    """A robust rule outvotes one bad input among 3 or more: every peer needs 2 in-neighbours in every round."""
+    for round in range(16 if topology.time_varying else 1):  # time-varying graphs keep their degree
+        for rank in range(cfg.world_size):
+            if (degree := len(topology.in_neighbors(rank, round))) < 2:
+                raise ConfigError(f"--aggregate {cfg.aggregate} needs at least 2 neighbours per peer (3 inputs, so "
+                                  f"that one can be outvoted); --topology {cfg.topology} with --nodes "
+                                  f"{cfg.world_size} gives peer {rank} {degree} in round {round}")
 
 
 def _flag(name: str) -> str:

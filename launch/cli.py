@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gossip.config import (DEADLINES, MODES, PARTNERS, SCHEDULES, STALENESS_WEIGHTS, WEIGHT_BY, CoordinatorConfig,
-                           GossipConfig, RendezvousConfig, RunConfig)
+from gossip.config import (AGGREGATES, DEADLINES, MODES, PARTNERS, SCHEDULES, STALENESS_WEIGHTS, WEIGHT_BY,
+                           CoordinatorConfig, GossipConfig, RendezvousConfig, RunConfig)
 from gossip.errors import ConfigError, TaskError
 from launch.procs import START_METHODS
 
@@ -60,6 +60,14 @@ FLAGS: list[tuple[str, str, str]] = [
     ("--staleness-weight", "staleness_weight", "gossip-async weight f(tau): " + ", ".join(STALENESS_WEIGHTS)),
     ("--staleness-temperature", "staleness_temperature", "T in f(tau) = exp(-tau/T), in steps"),
     ("--max-staleness", "max_staleness", "gossip-async ignores snapshots older than this many own steps"),
+    ("--aggregate", "aggregate", "gossip mixing rule: " + ", ".join(AGGREGATES) + " (median, trimmed-mean: "
+                                 "coordinate-wise over own and neighbours' models, robust to a neighbour sending "
+                                 "garbage; not with --weight-by samples or --deadline adaptive)"),
+    ("--trim-fraction", "trim_fraction", "trimmed-mean: fraction of the values dropped from each end (at least "
+                                         "one each end of 3 or more)"),
+    ("--byzantine", "byzantine", "fault injection for tests and benchmarks: comma-separated ranks that send "
+                                 "random finite garbage instead of their weights, e.g. 3"),
+    ("--byzantine-scale", "byzantine_scale", "largest magnitude of the --byzantine garbage"),
     ("--speeds", "speeds", "comma-separated per-peer speeds, e.g. 1,1,1,0.25 (a peer at 0.25 is 4x slower)"),
     ("--compute-ms", "compute_ms", "emulated accelerator time per step in ms, scaled by 1/speed"),
     ("--link-mbit", "link_mbit", "per-peer link rate in Mbit/s, e.g. 0,0,0,100 (0: unlimited); runs each peer in "
@@ -131,8 +139,17 @@ def _parse_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-PER_PEER_DEFAULTS = {"speeds": "all 1", "link_mbit": "none", "link_latency_ms": "none"}
-LIST_PARSERS = {**{name: _parse_floats for name in PER_PEER_DEFAULTS}, "initial_peers": _parse_list}
+def _parse_ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 3 or 0,5")
+
+
+# list-valued flags: how an empty default is shown, and how the flag is parsed
+PER_PEER_DEFAULTS = {"speeds": "all 1", "link_mbit": "none", "link_latency_ms": "none", "byzantine": "none"}
+LIST_PARSERS = {**{name: _parse_floats for name in PER_PEER_DEFAULTS}, "byzantine": _parse_ints,
+                "initial_peers": _parse_list}
 
 
 def default_of(name: str) -> Any:
@@ -210,7 +227,7 @@ def field_values(cfg: RunConfig, rendezvous: RendezvousConfig | None = None) -> 
     values = {**dataclasses.asdict(cfg.coordinator), **dataclasses.asdict(cfg.gossip),
               **(dataclasses.asdict(rendezvous) if rendezvous else {})}
     values.update({f: getattr(cfg, f) for f in RUN_FIELDS if f not in ("gossip", "coordinator")})
-    for name in ("endpoints", "speeds", "initial_peers", "link_mbit", "link_latency_ms", "peer_speeds"):
+    for name in ("endpoints", "speeds", "initial_peers", "link_mbit", "link_latency_ms", "peer_speeds", "byzantine"):
         if isinstance(values.get(name), list):
             values[name] = tuple(values[name])
     return values

@@ -98,17 +98,20 @@ def chronic_stragglers(peers: list[dict[str, Any]]) -> dict[str, list[int]]:
 def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
               failed: list[str] | None = None) -> dict[str, Any]:
     """``failed`` names the processes that died for good (``--keep-going``): they are left out of the
-    averages, the consensus distance and ``model-final.pt``."""
+    averages, the consensus distance and ``model-final.pt``; so are the ``--byzantine`` peers (fault
+    injection), whose own models stay honest: what a run measures is what their garbage did to the others."""
     events = [read_events(out / f"peer-{rank}.jsonl") for rank in range(cfg.nodes)]
     peers = [peer_result(rank, ev) for rank, ev in enumerate(events)]
-    finished = [rank for rank in range(cfg.nodes) if (out / f"model-{rank}.pt").exists()]
+    byzantine = set(cfg.gossip.byzantine)
+    finished = [rank for rank in range(cfg.nodes) if (out / f"model-{rank}.pt").exists() and rank not in byzantine]
     states = [torch.load(out / f"model-{rank}.pt", weights_only=True) for rank in finished]
     vectors = np.stack([flat_vector(s) for s in states])
     trace, drift, final_drift = consensus_trace(out, finished, vectors.shape[1])
     server = server_result(out) if cfg.gossip.parameter_server else None
     weights = [peers[rank]["weight"] if peers[rank]["weight"] is not None else 1.0 for rank in finished]
     final_metrics = server.get("test", {}) if server else evaluate_average(cfg, states, weights, out)
-    accuracies = [p["test_accuracy"] for p in peers if p["test_accuracy"] is not None]
+    accuracies = [p["test_accuracy"] for p in peers
+                  if p["test_accuracy"] is not None and p["rank"] not in byzantine]
     summary = {
         "mode": cfg.gossip.mode, "topology": cfg.gossip.topology, "nodes": cfg.nodes, "task": cfg.task,
         "steps": cfg.steps, "schedule": cfg.gossip.schedule, "rounds": cfg.total_rounds,
@@ -118,6 +121,7 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
         "final_model": final_metrics, "consensus_distance": consensus_distance(vectors),
         "consensus_trace": trace, "mean_drift": drift, "final_mean_drift": final_drift, "spectral": spectral(cfg),
         "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers), "failed": failed or [],
+        "aggregate": cfg.gossip.aggregate, "byzantine": sorted(byzantine),
     }
     if server:
         summary["server"] = server
@@ -187,6 +191,9 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
     dropped = {p["rank"]: p["dropped"] for p in summary["peers"] if p.get("dropped")}
     if dropped:
         lines.append(f"dropped messages         {dropped} (by peer, by reason; see peer-<rank>.log)")
+    if summary["byzantine"]:
+        lines.append(f"byzantine (left out)     {', '.join(map(str, summary['byzantine']))} (sent garbage; "
+                     f"--aggregate {summary['aggregate']})")
     if summary["failed"]:
         lines.append(f"died and left out        {', '.join(summary['failed'])}")
     for straggler, reporters in summary["chronic_stragglers"].items():

@@ -74,6 +74,10 @@ def test_defaults_are_four_peers_on_a_ring_training_digits():
     (["--link-mbit", "0,0,0,-1"], "--link-mbit must be rates in Mbit/s >= 0"),
     (["--link-latency-ms", "1,2,3"], "--link-latency-ms lists 3 values for 4 peers"),
     (["--mode", "ps-sync", "--schedule", "time", "--rounds", "5"], "--schedule time and --partners apply to the gossip modes"),
+    (["--aggregate", "mode"], "--aggregate 'mode' is not valid; choose one of: mean, median, trimmed-mean"),
+    (["--aggregate", "median", "--deadline", "adaptive"], "push-sum masses assume a linear mean"),
+    (["--byzantine", "1,x"], "is not a comma-separated list of integers"),
+    (["--byzantine", "4"], "--byzantine must list peer ranks in 0..3, got 4"),
 ])
 def test_bad_input_gives_one_clear_line_and_exit_2(args, expected, tmp_path):
     proc = launch(*args, "--out", str(tmp_path / "out"), "--base-port", str(free_base_port(8)))

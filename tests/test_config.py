@@ -120,6 +120,42 @@ def test_json_round_trip_keeps_the_heterogeneity_options():
 
 
 
+def test_json_round_trip_keeps_the_aggregation_options():
+    cfg = RunConfig(nodes=6, gossip=GossipConfig(world_size=6, topology="torus", aggregate="trimmed-mean",
+                                                 trim_fraction=0.3, byzantine=(3, 5), byzantine_scale=1e3))
+    again = RunConfig.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg and isinstance(again.gossip.byzantine, tuple)
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({"aggregate": "mode"}, "--aggregate 'mode' is not valid; choose one of: mean, median, trimmed-mean"),
+    ({"trim_fraction": 0.5}, "--trim-fraction must be in (0, 0.5), got 0.5"),
+    ({"trim_fraction": 0.0}, "--trim-fraction must be in (0, 0.5), got 0.0"),
+    ({"aggregate": "median", "weight_by": "samples"}, "--aggregate median cannot be combined with --weight-by samples"),
+    ({"aggregate": "trimmed-mean", "deadline": "adaptive"}, "push-sum masses assume a linear mean"),
+    ({"aggregate": "median", "mode": "gossip-async", "staleness_weight": "inverse"},
+     "--staleness-weight does not apply; use --max-staleness"),
+    ({"aggregate": "median", "mode": "ps-sync"}, "--aggregate median applies to the gossip modes"),
+    ({"aggregate": "median", "world_size": 2}, "--aggregate median needs at least 2 neighbours per peer"),
+    ({"aggregate": "median", "topology": "exponential"}, "--topology exponential with --nodes 6 gives peer 0 1"),
+    ({"byzantine": (6,)}, "--byzantine must list peer ranks in 0..5, got 6"),
+    ({"byzantine": (1.0,)}, "--byzantine must list peer ranks in 0..5"),
+    ({"byzantine": (1,), "mode": "ps-async"}, "--byzantine applies to the gossip modes"),
+    ({"byzantine_scale": 0.0}, "--byzantine-scale must be a positive number"),
+])
+def test_invalid_aggregation_options(fields, expected):
+    with pytest.raises(ConfigError) as info:
+        GossipConfig(**{"world_size": 6, **fields})
+    assert expected in str(info.value)
+
+
+def test_robust_aggregation_is_accepted_where_it_applies():
+    for mode in ("gossip-sync", "gossip-async"):
+        for topology in ("ring", "torus", "random", "full"):
+            GossipConfig(world_size=6, mode=mode, topology=topology, aggregate="median", byzantine=(0, 5))
+    GossipConfig(world_size=3, aggregate="trimmed-mean", trim_fraction=0.49)
+
+
 def test_for_rank_sets_only_the_rank():
     cfg = run_config(4, steps=9)
     third = cfg.for_rank(2)

@@ -12,12 +12,17 @@ tau counts from arrival, not production: the transit time is not counted (peers 
 a LAN is far below one step. Observability: ``statistics()["staleness"]`` is the histogram {tau: snapshots
 mixed at that tau} (end event and summary), and ``last_mix`` the latest mix's coefficients (step events),
 from which the weights can be checked against f.
+
+``aggregate`` "median" or "trimmed-mean" (``gossip/aggregate.py``): x_i <- agg(x_i, s_j for every held
+snapshot within ``max_staleness``), each counting once (``last_mix`` then names the rule and its
+coefficients are null); staleness weights do not apply to it, so the config refuses them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+from gossip.aggregate import aggregate_into_
 from gossip.averagers.base import Averager
 from gossip.mailbox import LatestMailbox
 from gossip.mixing import stale_weights
@@ -71,8 +76,10 @@ class AsyncGossip(Averager):
         self_coef, coefs = stale_weights(self_weight, neighbours, cfg.staleness_weight,
                                          cfg.staleness_temperature, cfg.max_staleness)
         self.ignored_stale += len(neighbours) - len(coefs)
-        self.last_mix = {"self": self_coef,
-                         **{str(j): [neighbours[j][1], neighbours[j][0], c] for j, c in coefs.items()}}
+        robust = cfg.aggregate != "mean"  # each snapshot within max_staleness counts once, unweighted
+        self.last_mix = {("aggregate" if robust else "self"): cfg.aggregate if robust else self_coef,
+                         **{str(j): [neighbours[j][1], neighbours[j][0], None if robust else c]
+                            for j, c in coefs.items()}}
         if not coefs:
             return None
         # x <- a x + sum_j c_j s_j, written as x += (a - 1) x + sum_j c_j s_j so it runs as one fused pass
@@ -81,6 +88,10 @@ class AsyncGossip(Averager):
         for sender in coefs:
             self.staleness[neighbours[sender][1]] += 1
         with self._timed_mix():
+            if robust:  # x <- agg(x, s_j...)
+                models = [list(self.flat.views())] + [held[sender].message.chunks for sender in coefs]
+                aggregate_into_(models[0], models, cfg.aggregate, cfg.trim_fraction)
+                return self.flat.snapshot()
             return self.flat.combine_(terms, snapshot=True)
 
     def statistics(self) -> dict:

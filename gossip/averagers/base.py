@@ -26,6 +26,8 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
+import torch
+
 import topologies
 from gossip.config import GossipConfig
 from gossip.flat import FlatParams
@@ -247,7 +249,11 @@ class Averager(ABC):
         header = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
                                step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second,
                                step_seconds=self.speed.step_seconds, weight=weight)
-        frames = encode(header, snapshot)
+        if self.rank in self.config.byzantine:  # fault injection: the wire gets garbage, our own model is kept
+            seed = (self.config.seed * 1_000_003 + self.rank) * 1_000_003 + round
+            frames = encode(header, byzantine_garbage(snapshot, self.config.byzantine_scale, seed))
+        else:
+            frames = encode(header, snapshot)
         dests = [k for k in self.topology.out_neighbors(self.rank, round) if k not in self.dead]
         self.transport.post(dests, frames, latest_only=latest_only, timeout=self.config.send_timeout)
         return snapshot
@@ -257,6 +263,15 @@ class Averager(ABC):
 
     def _timed_wait(self) -> _Timer:
         return _Timer(self, "wait_seconds")
+
+
+def byzantine_garbage(chunks: list[torch.Tensor], scale: float, seed: int) -> list[torch.Tensor]:
+    """Fault injection (``--byzantine``): chunks of values uniform in [-scale, scale], capped at a tenth of
+    the dtype's largest finite value, so that the message passes every check of the wire format (finite
+    values, right dtypes and layout) and only the receiver's aggregation can stop it."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.rand(c.shape, generator=generator, dtype=torch.float64).mul_(2).sub_(1)
+            .mul_(min(scale, torch.finfo(c.dtype).max / 10)).to(c.dtype) for c in chunks]
 
 
 def max_rss_mb() -> float:

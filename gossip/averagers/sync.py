@@ -38,6 +38,12 @@ mean shifts toward that model once, by its share of the total weight.
 mixing point (z unchanged), so a contribution counts in proportion to the samples it represents, and
 push-sum makes each round's result exactly the sample-weighted average of what was mixed, without the
 drift that renormalising each peer's own row would cause.
+
+``aggregate`` "median" or "trimmed-mean" (``gossip/aggregate.py``; fixed deadlines, no sample weights):
+at mixing point r + 1 a peer adds z_i += agg(s_i, s_j for the in-neighbours j) - s_i instead, each snapshot
+counting once, so the local progress made during the exchange is kept as in the mean. The weights stay 1
+and no mass is pushed: one neighbour's garbage cannot move the result beyond its honest inputs, but the
+network's mean is no longer preserved exactly.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import time
 
 import torch
 
+from gossip.aggregate import aggregate_into_
 from gossip.averagers.base import Averager
 from gossip.deadlines import ArrivalDeadlines
 from gossip.mailbox import MassMailbox, RoundMailbox
@@ -134,6 +141,14 @@ class SyncGossip(Averager):
         round, own, own_weight, keep = self._pending
         self._pending = None
         arrived = self._receive(round, final=not take_snapshot)
+        if self.config.aggregate != "mean":  # z_i += agg(s_i, s_j...) - s_i, no push-sum mass (see the docstring)
+            models = [own] + [chunks for mass, chunks in arrived if mass > 0]  # (massless: a rejoining peer's)
+            with self._timed_mix():
+                aggregate_into_(list(self.flat.views()), models, self.config.aggregate, self.config.trim_fraction,
+                                relative_to=own)
+                snapshot = self.flat.snapshot() if take_snapshot else None
+            self.rounds = round + 1
+            return snapshot
         total = keep * own_weight + sum(mass for mass, _ in arrived)
         terms = [(own_weight / total - 1.0, list(self.flat.views()))] if own_weight != total else []
         terms.append((-(1.0 - keep) * own_weight / total, own))
