@@ -36,19 +36,27 @@ def wait_for(condition, timeout: float = 90) -> None:
         time.sleep(0.1)
 
 
-def test_a_killed_parameter_server_resumes_from_its_checkpoint(tmp_path):
-    out = tmp_path / "run"
-    launcher = start(out, 3, "--mode", "ps-async", "--steps", "300", "--compute-ms", "10", "--checkpoint-every", "20",
-                     "--max-restarts", "1", "--round-timeout", "3")
+def run_to_end(launcher: subprocess.Popen, out, action=lambda: None, timeout: float = 240) -> tuple[str, str]:
+    """Do ``action`` (a fault) during the run, then wait for the launcher; kill whatever is left after."""
     try:
-        wait_for(lambda: any(e["event"] == "update" and e["version"] >= 100 for e in events(out / "server.jsonl")))
-        server_pid = json.loads((out / "peers.json").read_text())[-1]["pid"]
-        os.kill(server_pid, signal.SIGKILL)
-        stdout, stderr = launcher.communicate(timeout=240)
+        action()
+        return launcher.communicate(timeout=timeout)
     finally:
         if launcher.poll() is None:
             launcher.kill()
         reap_peers(out, grace=5)
+
+
+def test_a_killed_parameter_server_resumes_from_its_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    launcher = start(out, 3, "--mode", "ps-async", "--steps", "300", "--compute-ms", "10", "--checkpoint-every", "20",
+                     "--max-restarts", "1", "--round-timeout", "3")
+
+    def fault() -> None:
+        wait_for(lambda: any(e["event"] == "update" and e["version"] >= 100 for e in events(out / "server.jsonl")))
+        os.kill(json.loads((out / "peers.json").read_text())[-1]["pid"], signal.SIGKILL)
+
+    stdout, stderr = run_to_end(launcher, out, fault)
     assert launcher.returncode == 0, stderr[-3000:]
     assert "server failed (exit -9)" in stderr and "restarted it with --resume (1 of 1)" in stderr
     log = events(out / "server.jsonl")
@@ -68,12 +76,7 @@ def test_a_worker_that_dies_in_ps_sync_is_named_after_the_timeout(tmp_path):
     out = tmp_path / "run"
     launcher = start(out, 3, "--mode", "ps-sync", "--steps", "2000", "--compute-ms", "5", "--round-timeout", "2",
                      "--task", "tests.tasks:worker_1_dies", "--keep-going")
-    try:
-        stdout, stderr = launcher.communicate(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        reap_peers(out, grace=5)
+    stdout, stderr = run_to_end(launcher, out, timeout=120)
     assert launcher.returncode == 1
     last = stderr.strip().splitlines()[-1]
     assert "server failed (exit 1)" in last and "heard nothing from worker(s) 1 for 2 s (--round-timeout)" in last
@@ -83,12 +86,7 @@ def test_ps_sync_can_go_on_without_a_dead_worker(tmp_path):
     out = tmp_path / "run"
     launcher = start(out, 3, "--mode", "ps-sync", "--steps", "200", "--compute-ms", "5", "--round-timeout", "2",
                      "--missing-worker", "continue", "--task", "tests.tasks:worker_1_dies", "--keep-going")
-    try:
-        stdout, stderr = launcher.communicate(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        reap_peers(out, grace=5)
+    stdout, stderr = run_to_end(launcher, out, timeout=120)
     assert launcher.returncode == 0, stderr[-2000:]
     assert "peer 1 failed (exit 9)" in stderr and "going on without it (--keep-going)" in stderr
     server = events(out / "server.jsonl")
@@ -115,13 +113,7 @@ def test_a_killed_gossip_peer_is_restarted_from_its_checkpoint_and_rejoins(tmp_p
     out = tmp_path / "run"
     launcher = start(out, 6, "--mode", mode, "--steps", "400", "--compute-ms", "10", "--checkpoint-every", "20",
                      "--max-restarts", "1")
-    try:
-        kill_peer_after(out, 3, 150)
-        stdout, stderr = launcher.communicate(timeout=240)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        reap_peers(out, grace=5)
+    stdout, stderr = run_to_end(launcher, out, lambda: kill_peer_after(out, 3, 150))
     assert launcher.returncode == 0, stderr[-3000:]
     assert "peer 3 failed (exit -9)" in stderr and "restarted it with --resume (1 of 1)" in stderr
     resumed = [e for e in events(out / "peer-3.jsonl") if e["event"] == "resume"]
