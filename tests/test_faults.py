@@ -129,8 +129,10 @@ def test_a_killed_gossip_peer_is_restarted_from_its_checkpoint_and_rejoins(tmp_p
     assert all(e["step"] == 400 for e in ends.values())
 
 
-@pytest.mark.parametrize("mode", ["gossip-sync", "gossip-async"])
-def test_a_dead_peer_is_declared_dead_the_others_go_on_and_it_rejoins_later_by_hand(tmp_path, mode):
+def test_a_dead_peer_is_declared_dead_the_others_go_on_and_it_rejoins_later_by_hand(tmp_path):
+    """The slow path, in gossip-sync (its rejoin is the harder one: lockstep rounds): the neighbours
+    declare the peer dead before it comes back. (gossip-async took the same path in RELIABILITY.md's run.)"""
+    mode = "gossip-sync"
     out = tmp_path / "run"
     launcher = start(out, 6, "--mode", mode, "--steps", "800", "--compute-ms", "20", "--checkpoint-every", "20",
                      "--keep-going", "--peer-timeout", "1")

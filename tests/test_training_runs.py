@@ -68,7 +68,7 @@ def test_a_failing_peer_is_named_and_the_run_fails(launch_run):
 
 
 @pytest.mark.parametrize("start_method,mode", [("fork", "gossip-sync"), ("exec", "gossip-sync"),
-                                               ("fork", "gossip-async"), ("fork", "ps-sync"), ("exec", "ps-async")])
+                                               ("fork", "gossip-async"), ("fork", "ps-sync"), ("fork", "ps-async")])
 def test_ctrl_c_stops_every_process_cleanly(tmp_path, start_method, mode):
     out = tmp_path / "interrupted"
     command = [sys.executable, "-m", "launch", "--nodes", "3", "--out", str(out), "--progress", "plain",
