@@ -15,6 +15,11 @@ parameters only ever change between two steps, never inside a forward/backward p
 
 Every peer measures its own pace (``SpeedMeter``: seconds per step, samples per second, busy seconds per
 round), sends it in every message header, and notes what its neighbours report.
+
+Liveness (gossip modes): at every mixing point ``_prune_dead`` stops sending to neighbours the mailbox
+finds dead (connection down for ``peer_timeout``, or replaced by a new incarnation) and re-admits restarted
+ones with a "welcome" naming our round and step. A restarted peer (``start(resume=...)``) says hello to
+everyone it may exchange with and rejoins where their welcomes say the others are (``_rejoin``).
 """
 
 from __future__ import annotations
