@@ -53,7 +53,8 @@ def test_a_killed_parameter_server_resumes_from_its_checkpoint(tmp_path):
                      "--max-restarts", "1", "--round-timeout", "3")
 
     def fault() -> None:
-        wait_for(lambda: any(e["event"] == "update" and e["version"] >= 100 for e in events(out / "server.jsonl")))
+        # version 101's event is written only after version 100's checkpoint (the server works in order)
+        wait_for(lambda: any(e["event"] == "update" and e["version"] >= 101 for e in events(out / "server.jsonl")))
         os.kill(json.loads((out / "peers.json").read_text())[-1]["pid"], signal.SIGKILL)
 
     stdout, stderr = run_to_end(launcher, out, fault)
