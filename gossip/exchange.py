@@ -123,8 +123,12 @@ class StoreRendezvous:
              rank: int | None, server: bool, parameter_server: bool, run_name: str = "") -> Assignment:
         """Agree on the world size, run flags and run name, take a rank, publish ``endpoint_of(rank)``, and
         read everyone's endpoint."""
-        world_size = self._agree_world_size(world_size)
-        self._agree_run(run)
+        if world_size is None:  # a joiner: the world size comes from a peer that published its flags first
+            world_size = self._agree_world_size(world_size)
+            self._agree_run(run)
+        else:  # run flags before the world size, so a joiner waiting for the latter compares against ours
+            self._agree_run(run)
+            world_size = self._agree_world_size(world_size)
         run_name = self._compare_set("name", run_name)
         if not server:
             if rank is None and self.plan.source == "join":  # after the first peer took the rank it wants
