@@ -126,10 +126,11 @@ class StoreRendezvous:
         if world_size is None:  # a joiner: the world size comes from a peer that published its flags first
             world_size = self._agree_world_size(world_size)
             self._agree_run(run)
-        else:  # run flags before the world size, so a joiner waiting for the latter compares against ours
+            run_name = self._compare_set("name", run_name)
+        else:  # flags and name before the world size, so a joiner waiting for the latter finds ours
             self._agree_run(run)
+            run_name = self._compare_set("name", run_name)
             world_size = self._agree_world_size(world_size)
-        run_name = self._compare_set("name", run_name)
         if not server:
             if rank is None and self.plan.source == "join":  # after the first peer took the rank it wants
                 self._wait_keys(["claimed"], "the first peer did not take its rank")
