@@ -49,8 +49,11 @@ class AsyncGossip(Averager):
 
     def _rejoin(self, found: bool, weight: float) -> None:
         """Restarted (``--resume``): once the neighbours welcomed us, jump to the latest step and round among
-        them, so we end with them; our checkpoint's model (or their mean) is mixed in from then on."""
-        first = self._rejoin_gossip(found)
+        them, so we end with them, and start from the mean of our checkpoint's model and theirs (theirs
+        alone without a checkpoint). The checkpoint is older than their models by up to --checkpoint-every
+        steps plus the restart; with no push-sum mass to conserve in this mode, one averaging step closes
+        most of that gap at once, where plain mixing closed it only within about 2 points of accuracy."""
+        first = self._rejoin_gossip(found, blend=True)
         if first:
             self.local_step = self.mailbox.local_step = max(self.local_step, max(h.step for h in first.values()))
             self.rounds = self.mixing_points = max(self.rounds, max(h.round for h in first.values()))

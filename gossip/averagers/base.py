@@ -134,13 +134,14 @@ class Averager(ABC):
         """Come back after a restart; by default, as at the start."""
         self._greet()
 
-    def _rejoin_gossip(self, found: bool) -> dict[int, Header]:
+    def _rejoin_gossip(self, found: bool, blend: bool = False) -> dict[int, Header]:
         """The gossip modes' rejoin: say hello to everyone we may exchange with, who re-admit us at their
         next mixing point with a "welcome" naming their round and step, and wait (``round_timeout``) for
         the welcome of each live neighbour; those that send none are declared dead. Without a checkpoint
-        (``found`` False) take the mean of the models they send next: a pull. Returns the welcomes."""
+        (``found`` False) take the mean of the models they send next: a pull; with one and ``blend``, the
+        mean of ours and theirs. Returns the welcomes."""
         peers = self._rejoin_peers()
-        self.mailbox.keep_first = not found
+        self.mailbox.keep_first = not found or blend
         self.transport.post(peers, encode(Header(kind="hello", sender=self.rank)), latest_only=False,
                             timeout=self.config.send_timeout)
         with self._timed_wait():
@@ -149,10 +150,12 @@ class Averager(ABC):
         if silent:
             self.mailbox.declare_dead(silent)
         self._prune_dead()
-        if not found and first:
-            self._pull(list(first))
+        if first and (blend or not found):
+            self._pull(include_own=found)
+        self.mailbox.keep_first = False
         log.info("peer %d rejoined: heard from peer(s) %s at rounds %s%s", self.rank,
                  ", ".join(map(str, sorted(first))) or "none", sorted({h.round for h in first.values()}),
+                 "; took the mean of ours and theirs" if found and blend and first else
                  "" if found else "; took their mean model (no checkpoint)")
         return first
 
@@ -161,11 +164,14 @@ class Averager(ABC):
             return tuple(r for r in range(self.config.world_size) if r != self.rank)
         return self._hello_peers()
 
-    def _pull(self, senders: list[int]) -> None:
-        """Replace our model by the mean of the models that ``senders`` sent first (a rejoin without a
-        checkpoint): x <- x - x + mean, one fused pass."""
+    def _pull(self, include_own: bool) -> None:
+        """Replace our model by the mean of the models the neighbours sent first after welcoming us, with
+        ours counted as one more when ``include_own``: x <- x - (1 - own share) x + ..., one fused pass."""
         models = self.mailbox.take_first_models()
-        terms = [(-1.0, list(self.flat.views()))] + [(1.0 / len(models), chunks) for chunks in models.values()]
+        if not models:
+            return
+        share = 1.0 / (len(models) + include_own)
+        terms = [(share * include_own - 1.0, list(self.flat.views()))] + [(share, c) for c in models.values()]
         self.flat.combine_(terms, snapshot=False)
 
     def _prune_dead(self) -> None:
