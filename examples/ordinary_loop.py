@@ -58,10 +58,12 @@ def main() -> int:
         return 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # N peers on one machine must not oversubscribe its cores
     peers = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--world-size", str(args.world_size),
-                               "--base-port", str(args.base_port), "--steps", str(args.steps)], env=env)
+                               "--base-port", str(args.base_port), "--steps", str(args.steps)], env=env,
+                              stdout=subprocess.PIPE, text=True)
              for r in range(args.world_size)]
-    codes = [p.wait(timeout=300) for p in peers]
-    return max(codes)
+    for peer in peers:  # each peer's report printed whole: N processes sharing one pipe can interleave lines
+        sys.stdout.write(peer.communicate(timeout=300)[0])
+    return max(peer.returncode for peer in peers)
 
 
 if __name__ == "__main__":
