@@ -45,12 +45,14 @@ class GossipConfig:
     endpoints: tuple[str, ...] = ()  # one per rank; empty means tcp://host:(base_port + rank)
     bind: str = ""  # address to listen on (e.g. 0.0.0.0); empty: our endpoint's host if it is an IP address
     server_endpoint: str = ""  # ps-* modes; empty means tcp://host:(base_port + world_size)
+    ipc: bool = True  # neighbours announced on loopback are reached over a Unix socket (gossip/address.py)
     secure: str = ""  # KEYDIR: CurveZMQ on every socket, only the public keys in KEYDIR/public admitted
     gossip_every: int = 1  # local steps between two mixes (schedule "steps")
     schedule: str = "steps"  # "steps": mix every gossip_every steps; "time": every round_seconds of wall time
     round_seconds: float = 0.5  # length of a round under schedule "time"; fast peers do more steps in it
     weight_by: str = "none"  # gossip-sync push-sum mass: "none" (1 per peer) or "samples" since the last mix
     deadline: str = "fixed"  # gossip-sync: "fixed" waits round_timeout; "adaptive": per-neighbour deadline
+    overlap: bool = True  # gossip-sync: exchange during the next local step (a copy per round); False: in place
     deadline_k: float = 3.0  # adaptive deadline = median + k * MAD of the neighbour's recent lateness
     deadline_floor: float = 0.01  # seconds; a deadline is never shorter (loopback and scheduler jitter)
     deadline_window: int = 16  # recent rounds of lateness and misses kept per neighbour
@@ -94,6 +96,11 @@ class GossipConfig:
         if self.mode != "gossip-sync" and (self.weight_by != "none" or self.deadline != "fixed"):
             raise ConfigError("--weight-by samples and --deadline adaptive need --mode gossip-sync (push-sum keeps "
                               "its weighted average exact; gossip-async renormalises each peer's own weights)")
+        for name in ("overlap", "ipc"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not self.overlap and self.mode != "gossip-sync":
+            raise ConfigError("--no-overlap applies to --mode gossip-sync (the other modes never wait for a round)")
         if self.parameter_server and (self.schedule != "steps" or self.partners != "any"):
             raise ConfigError("--schedule time and --partners apply to the gossip modes; the ps-* modes talk to "
                               "the server every step (ps-avg: every --local-steps steps)")

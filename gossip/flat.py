@@ -36,20 +36,19 @@ class FlatParams:
             raise ConfigError("the model's tensors live on several devices; move the model to one device first")
         self.segments: list[torch.Tensor] = []
         self.places: list[Place] = []  # where each tensor lives in the segments, in layout order
-        views: dict[int, torch.Tensor] = {}  # id of the original tensor -> its view in the flat segment
+        owners: dict[int, int] = {}  # id of the original tensor -> index of its place
         for (dtype, device), members in groups.items():
             flat = torch.empty(sum(t.numel() for *_, t in members), dtype=dtype, device=device)
             offset = 0
             for _, module, attr, tensor in members:
-                view = flat[offset:offset + tensor.numel()].view_as(tensor)
-                view.copy_(tensor.detach())
-                _repoint(module, attr, view)
-                views[id(tensor)] = view
+                flat[offset:offset + tensor.numel()].copy_(tensor.detach().reshape(-1))
+                owners[id(tensor)] = len(self.places)
                 self.places.append(Place(len(self.segments), offset, offset + tensor.numel(), module, attr))
                 offset += tensor.numel()
             self.segments.append(flat)
-        for module, attr, tensor in aliases:
-            _repoint(module, attr, views[id(tensor)])  # a buffer shared by two modules must stay shared
+        # a buffer shared by two modules must stay shared
+        self._aliases = [(module, attr, owners[id(tensor)]) for module, attr, tensor in aliases]
+        self._point_tensors()
         self.device = self.segments[0].device
         self.chunk_bytes = chunk_bytes
         self.layout = Layout.describe(
@@ -112,6 +111,22 @@ class FlatParams:
                   for v in self.views()]
         torch.cuda.current_stream(self.device).synchronize()
         return copies
+
+    def relocate(self) -> None:
+        """Move the weights to fresh segments (a copy) and re-point every parameter and buffer there. The
+        old segments are left to whoever still reads them (ZeroMQ sending them), unchanged from now on."""
+        self.segments = [segment.clone() for segment in self.segments]
+        self._point_tensors()
+
+    def _point_tensors(self) -> None:
+        """Make every parameter and buffer, and every further module holding one, a view into the segments."""
+        views = []
+        for place in self.places:
+            view = self.segments[place.segment][place.start:place.stop].view(place.tensor.shape)
+            _repoint(place.module, place.attr, view)
+            views.append(view)
+        for module, attr, index in self._aliases:
+            _repoint(module, attr, views[index])
 
     def combine_(self, terms: list[tuple[float, list[torch.Tensor]]], snapshot: bool = False) -> list[torch.Tensor] | None:
         """weights += sum(alpha * chunks for alpha, chunks in terms); with ``snapshot``, also return a copy

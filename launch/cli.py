@@ -39,6 +39,8 @@ FLAGS: list[tuple[str, str, str]] = [
     ("--seed", "seed", "seed of model init, shards, batches and random topologies"),
     ("--base-port", "base_port", "peer r listens on tcp://HOST:(BASE_PORT + r)"),
     ("--host", "host", "address the local peers listen on"),
+    ("--ipc", "ipc", "peers announced on a loopback address exchange over a Unix socket, not TCP loopback "
+                     "(less CPU per byte); --no-ipc keeps TCP"),
     ("--gossip-every", "gossip_every", "local steps between two mixes (--schedule steps)"),
     ("--schedule", "schedule", "when to mix: " + " or ".join(SCHEDULES) + " (time: every --round-seconds, fast "
                                "peers do more local steps per round)"),
@@ -48,6 +50,9 @@ FLAGS: list[tuple[str, str, str]] = [
                                  + " (samples: proportional to the samples trained since the last mix)"),
     ("--deadline", "deadline", "gossip-sync waiting: " + " or ".join(DEADLINES) + " (fixed: every neighbour, up "
                                "to --round-timeout; adaptive: learned per neighbour, late messages mixed later)"),
+    ("--overlap", "overlap", "gossip-sync: exchange while the next local step computes, from a copy of the "
+                             "weights; --no-overlap sends the weights themselves and mixes before training on "
+                             "(no copy per round, one model less memory)"),
     ("--deadline-k", "deadline_k", "adaptive deadline = median + K * MAD of a neighbour's lateness"),
     ("--deadline-floor", "deadline_floor", "shortest adaptive deadline in seconds"),
     ("--deadline-window", "deadline_window", "rounds of lateness and misses remembered per neighbour"),

@@ -46,6 +46,8 @@ def test_config_error_is_a_value_error():
     ({"round_timeout": math.inf}, "--round-timeout must be a positive number, got inf"),
     ({"send_timeout": True}, "--send-timeout must be a positive number, got True"),
     ({"endpoints": ("tcp://a:1",), "world_size": 2, "topology": "full"}, "1 endpoints given for 2 peers; give one per peer"),
+    ({"overlap": False, "mode": "gossip-async"}, "--no-overlap applies to --mode gossip-sync"),
+    ({"overlap": "no"}, "overlap must be True or False, got 'no'"),
 ])
 def test_invalid_gossip_config(fields, expected):
     with pytest.raises(ConfigError) as info:

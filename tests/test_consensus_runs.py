@@ -28,9 +28,13 @@ def distance(x: np.ndarray) -> float:
     return float(np.sqrt(((x - x.mean(0)) ** 2).sum(1).mean()))
 
 
-@pytest.mark.parametrize("spec,nodes,rounds", [("ring", 8, 30), ("torus:4x2", 8, 12), ("random:degree=3", 8, 12)])
-def test_sync_consensus_follows_the_mixing_matrix(launch_run, spec, nodes, rounds):
-    run = launch_run("--task", "consensus", "--topology", spec, "--steps", str(rounds), "--dim", "64", nodes=nodes)
+@pytest.mark.parametrize("spec,nodes,rounds,extra", [
+    ("ring", 8, 30, ()), ("torus:4x2", 8, 12, ()), ("random:degree=3", 8, 12, ()),
+    ("random:degree=3", 8, 12, ("--no-overlap",)),  # the weights sent uncopied and mixed in place
+])
+def test_sync_consensus_follows_the_mixing_matrix(launch_run, spec, nodes, rounds, extra):
+    run = launch_run("--task", "consensus", "--topology", spec, "--steps", str(rounds), "--dim", "64", *extra,
+                     nodes=nodes)
     topology = topologies.build(spec, nodes)
     recorded, x = load_traces(run.out, nodes)
     np.testing.assert_array_equal(recorded, np.arange(rounds + 1))

@@ -109,11 +109,11 @@ def kill_peer_after(out, rank: int, steps: int) -> None:
     os.kill(json.loads((out / "peers.json").read_text())[rank]["pid"], signal.SIGKILL)
 
 
-@pytest.mark.parametrize("mode", ["gossip-sync", "gossip-async"])
+@pytest.mark.parametrize("mode", ["gossip-sync", "gossip-async", "gossip-sync --no-overlap"])
 def test_a_killed_gossip_peer_is_restarted_from_its_checkpoint_and_rejoins(tmp_path, mode):
     out = tmp_path / "run"
-    launcher = start(out, 6, "--mode", mode, "--steps", "400", "--compute-ms", "10", "--checkpoint-every", "20",
-                     "--max-restarts", "1")
+    launcher = start(out, 6, "--mode", *mode.split(), "--steps", "400", "--compute-ms", "10",
+                     "--checkpoint-every", "20", "--max-restarts", "1")
     stdout, stderr = run_to_end(launcher, out, lambda: kill_peer_after(out, 3, 150))
     assert launcher.returncode == 0, stderr[-3000:]
     assert "peer 3 failed (exit -9)" in stderr and "restarted it with --resume (1 of 1)" in stderr

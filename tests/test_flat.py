@@ -224,3 +224,24 @@ def _int_only() -> nn.Module:
     module = nn.Module()
     module.register_buffer("count", torch.zeros(3, dtype=torch.long))
     return module
+
+
+def test_relocate_moves_the_weights_and_leaves_the_old_memory_alone():
+    first, second = nn.BatchNorm1d(3), nn.BatchNorm1d(3)
+    second.running_mean = first.running_mean  # shared: must stay shared after the move
+    model = nn.Sequential(nn.Linear(3, 3), first, second)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    flat = FlatParams(model, CHUNK)
+    flat.segments[0].copy_(torch.arange(flat.numel, dtype=torch.float32))
+    old = flat.segments[0]
+    sent = old.clone()
+    flat.relocate()
+    assert flat.segments[0].data_ptr() != old.data_ptr() and torch.equal(flat.segments[0], sent)
+    for place in flat.places:
+        assert inside(place.tensor, flat.segments[0])
+    assert second.running_mean is first.running_mean
+    model[0].weight.grad = torch.ones(3, 3)
+    optimizer.step()  # an optimizer built before the move updates the new memory
+    flat.segments[0].add_(1.0)
+    assert torch.equal(old, sent)  # what was handed to ZeroMQ from the old memory is unchanged
+    assert torch.equal(model[0].weight.reshape(-1), sent[offset_in(model[0].weight, flat.segments[0]):][:9])

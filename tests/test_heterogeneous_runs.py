@@ -21,10 +21,11 @@ def end_event(run, rank: int) -> dict:
     return next(e for e in run.events(rank) if e["event"] == "end")
 
 
-def test_adaptive_deadlines_never_deadlock_keep_the_mean_and_report_the_straggler(launch_run):
+@pytest.mark.parametrize("overlap", ["--overlap", "--no-overlap"])
+def test_adaptive_deadlines_never_deadlock_keep_the_mean_and_report_the_straggler(launch_run, overlap):
     dim = 16
     run = launch_run("--task", "consensus", "--dim", str(dim), "--steps", "40", "--deadline", "adaptive",
-                     "--speeds", SLOW_LAST, "--compute-ms", "20", "--deadline-window", "8", nodes=4)
+                     "--speeds", SLOW_LAST, "--compute-ms", "20", "--deadline-window", "8", overlap, nodes=4)
     weights = np.array([end_event(run, r)["weight"] for r in range(4)])
     values = np.stack([torch.load(run.out / f"model-{r}.pt", weights_only=True)["value"].numpy() for r in range(4)])
     start = np.stack([initial_vector(r, dim, 0).numpy() for r in range(4)])

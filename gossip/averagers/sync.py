@@ -15,6 +15,13 @@ The columns of W sum to one, so no mass is created or lost whichever round a mes
 sum_i x_i / sum_i w_i moves only by local progress. With every message on time and every w = 1 (W doubly
 stochastic) this is exactly D-PSGD's z_i += sum_j W_ij (s_j - s_i), i.e. x <- W x per round.
 
+Without overlap (``overlap`` False, ``--no-overlap``), mixing point r sends the live weights (s_i = z_i,
+uncopied on the CPU), waits for round r's messages and mixes them at once, so the own-snapshot term
+folds into the first: x_i = W_ii w_i z_i + sum_j m_j s_j, three arrays and no copy. Before the weights
+change, ZeroMQ must have let go of them (the transport's ``Delivery``); if it still holds them after
+``SEND_GRACE`` (a neighbour not reading), the weights move to a copy first (``FlatParams.relocate``), so
+what it sends later is still round r's.
+
 How long to wait (``deadline``):
 
 - ``fixed``: for every in-neighbour's round-r message, up to ``round_timeout``, then fail naming it.
@@ -56,17 +63,24 @@ from gossip.aggregate import aggregate_into_
 from gossip.averagers.base import Averager
 from gossip.deadlines import ArrivalDeadlines
 from gossip.mailbox import MassMailbox, RoundMailbox
+from gossip.transport import Delivery
 from gossip.wire import encode, params_header
 
 
+SEND_GRACE = 1.0  # seconds --no-overlap waits for ZeroMQ to send our weights before it mixes into a copy
+
+
 class SyncGossip(Averager):
-    _pending: tuple[int, list[torch.Tensor], float, float] | None = None  # (round, snapshot, weight, kept share)
+    # (round, snapshot or None for the live weights, weight, kept share)
+    _pending: tuple[int, list[torch.Tensor] | None, float, float] | None = None
+    _delivery: Delivery | None = None  # --no-overlap: the uncopied send of the weights in flight
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         cfg = self.config
         self.weight = 1.0  # push-sum weight w_i; the model holds z_i = x_i / w_i
         self.late_mixed = 0  # messages mixed after the round they were sent for
+        self.relocated = 0  # --no-overlap rounds whose sent weights ZeroMQ still held: mixed into a copy
         self.deadlines = ArrivalDeadlines(self.rank, cfg.deadline_k, cfg.deadline_floor, cfg.deadline_window,
                                           cfg.straggler_fraction, cfg.pace_tolerance)
         self._wait_started: dict[int, float] = {}  # round -> when we started waiting for it (adaptive)
@@ -88,13 +102,42 @@ class SyncGossip(Averager):
                             window=max(2, self.config.world_size))
 
     def _gossip(self) -> None:
-        snapshot = self._complete_round(take_snapshot=True)
+        if not self.config.overlap:
+            self._gossip_in_place()
+            return
+        snapshot = self._complete_round(take_snapshot=True, final=False)
+        if snapshot is None:  # the first round
+            snapshot = self.flat.snapshot()
+        round = self._open_round()
+        self._send_snapshot(round, latest_only=False, snapshot=snapshot, weight=self.weight)
+        self._pending = (round, snapshot, self.weight, self._kept_share(round))
+
+    def _gossip_in_place(self) -> None:
+        """``overlap`` off: send this round's weights themselves (uncopied on the CPU), wait for the
+        neighbours' and mix them in before training goes on, with s_i = z_i: three arrays, no snapshot."""
+        round = self._open_round()
+        live = self.flat.device.type == "cpu" and self.config.aggregate == "mean"
+        own = None if live else self.flat.snapshot()  # (a GPU's weights go through host memory anyway)
+        sent = list(self.flat.views()) if live else own
+        self._delivery = self._send_snapshot(round, latest_only=False, snapshot=sent, weight=self.weight, track=live)
+        self._pending = (round, own, self.weight, self._kept_share(round))
+        self._complete_round(take_snapshot=False, final=False)
+
+    def _open_round(self) -> int:
+        """Before sending round ``rounds``: drop dead neighbours, set this round's push-sum weight; the round."""
         self._prune_dead()
         if self.config.weight_by == "samples":
             self.weight = float(self._represented_since_mix())
-        round = self.rounds
-        sent = self._send_snapshot(round, latest_only=False, snapshot=snapshot, weight=self.weight)
-        self._pending = (round, sent, self.weight, self._kept_share(round))
+        return self.rounds
+
+    def _release_sent(self) -> None:
+        """Before the weights change in place: wait (``SEND_GRACE``) until ZeroMQ has let go of the weights
+        we sent uncopied. If it still holds them (a neighbour not reading, or dead and not yet pruned), move
+        our weights to a copy instead, so what it sends later is still this round's weights."""
+        delivery, self._delivery = self._delivery, None
+        if delivery is not None and not delivery.wait(min(SEND_GRACE, self.config.round_timeout)):
+            self.flat.relocate()
+            self.relocated += 1
 
     def _kept_share(self, round: int) -> float:
         """W_ii plus the shares of the out-neighbours we did not send to (dead): push-sum mass stays with us
@@ -131,16 +174,19 @@ class SyncGossip(Averager):
         self._mixed_at = (self.local_step, self.samples)
 
     def _finish(self) -> None:
-        self._complete_round(take_snapshot=False)
+        if not self.config.overlap and self.adaptive and self.rounds > 0:
+            # every round was mixed at its deadline; now wait for the late mass addressed to us (nothing sent)
+            self._pending = (self.rounds - 1, None, self.weight, 1.0)
+        self._complete_round(take_snapshot=False, final=True)
 
-    def _complete_round(self, take_snapshot: bool) -> list[torch.Tensor] | None:
-        """Add what arrived for the pending round (and, adaptive, any late mass); optionally return the
-        next snapshot, copied while the mixed weights are still in cache."""
+    def _complete_round(self, take_snapshot: bool, final: bool) -> list[torch.Tensor] | None:
+        """Add what arrived for the pending round (and, adaptive, any late mass; ``final``: all of it);
+        optionally return the next snapshot, copied while the mixed weights are still in cache."""
         if self._pending is None:
             return None
         round, own, own_weight, keep = self._pending
         self._pending = None
-        arrived = self._receive(round, final=not take_snapshot)
+        arrived = self._receive(round, final=final)
         if self.config.aggregate != "mean":  # z_i += agg(s_i, s_j...) - s_i, no push-sum mass (see the docstring)
             models = [own] + [chunks for mass, chunks in arrived if mass > 0]  # (massless: a rejoining peer's)
             with self._timed_mix():
@@ -150,8 +196,13 @@ class SyncGossip(Averager):
             self.rounds = round + 1
             return snapshot
         total = keep * own_weight + sum(mass for mass, _ in arrived)
-        terms = [(own_weight / total - 1.0, list(self.flat.views()))] if own_weight != total else []
-        terms.append((-(1.0 - keep) * own_weight / total, own))
+        self._release_sent()
+        if own is None:  # we sent the live weights, so s_i = z_i: x_i = W_ii w_i z_i + sum_j m_j s_j
+            scale = keep * own_weight / total
+            terms = [(scale - 1.0, list(self.flat.views()))] if scale != 1.0 else []
+        else:
+            terms = [(own_weight / total - 1.0, list(self.flat.views()))] if own_weight != total else []
+            terms.append((-(1.0 - keep) * own_weight / total, own))
         terms += [(mass / total, chunks) for mass, chunks in arrived if mass > 0]
         with self._timed_mix():
             snapshot = self.flat.combine_(terms, snapshot=take_snapshot)
@@ -211,6 +262,8 @@ class SyncGossip(Averager):
 
     def statistics(self) -> dict:
         stats = {**super().statistics(), "weight": self.weight}
+        if not self.config.overlap:
+            stats["relocated"] = self.relocated
         if self.adaptive:
             stats.update(self.deadlines.statistics(), late_mixed=self.late_mixed)
         return stats
