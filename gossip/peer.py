@@ -58,8 +58,12 @@ class Trace:
         self.weights: list[float] = []
 
     def record(self, round: int, final: bool = False) -> None:
+        """Sample the weights after ``round``; ``final`` always, replacing a sample of the same round (the
+        weights after close(), which may have mixed late mass in without a new round)."""
         if round % self.every and round != 0 and not final:
             return
+        if final and self.rounds and self.rounds[-1] == round:
+            del self.rounds[-1], self.values[-1], self.weights[-1]
         whole = torch.cat([s.detach().to("cpu", torch.float64) for s in self.flat.segments])
         self.rounds.append(round)
         self.values.append(whole[self.index].numpy().astype(np.float64 if self.float64 else np.float32))
@@ -128,8 +132,7 @@ def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool =
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc), **averager.statistics())
         raise
-    if averager.rounds not in trace.rounds:
-        trace.record(averager.rounds, final=True)  # after close(): the last round is mixed in
+    trace.record(averager.rounds, final=True)  # after close(): the last round or the late mass is mixed in
     metrics = task.evaluate()
     torch.save(cpu_state(task.model), out / f"model-{rank}.pt")
     trace.save(out / f"trace-{rank}.npz")

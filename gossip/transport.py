@@ -25,6 +25,10 @@ stopped process succeeds in the kernel; only a completed ZMTP handshake shows a 
 disconnection means (a crash, or a neighbour that finished) is the mailbox's business. ``forget(dest)``
 drops a neighbour declared dead: its queue, its socket and its monitor, so nothing waits for it.
 
+Same host (``ipc``): the ROUTER also listens on ``ipc_endpoint`` of the peer's own endpoint, and a DEALER
+to a neighbour announced on loopback connects there (``gossip/address.py`` says why only loopback);
+``routes`` records which transport each destination got.
+
 Emulated latency (``delays``, seconds per destination): each message is held in its outbox until its
 post time plus the delay, then sent; messages stay in order and pipelined (a second message does not wait
 for the first one's delay). This is latency added by the application in front of the socket, not by the
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -47,6 +52,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from gossip.address import ipc_endpoint
 from gossip.alloc import keep_freed_memory
 from gossip.errors import PeerTimeout, PeerUnreachable, ProtocolError, TransportError
 from gossip.loop import LoopThread
@@ -64,7 +70,8 @@ class Transport:
     def __init__(self, rank: int, bind: str, endpoints: Sequence[str], handler: Handler, *,
                  queue_depth: int = 8, shutdown_timeout: float = 10.0, recv_queue: int = 256,
                  keys: CurveKeys | None = None, delays: Sequence[float] = (),
-                 on_link: Callable[[int, bool], None] | None = None, heartbeat_timeout: float = 3.0) -> None:
+                 on_link: Callable[[int, bool], None] | None = None, heartbeat_timeout: float = 3.0,
+                 ipc: bool = False) -> None:
         self.rank = rank
         self._on_link = on_link
         self._heartbeat_ms = int(heartbeat_timeout * 1000)
@@ -77,6 +84,8 @@ class Transport:
         self._shutdown_timeout = shutdown_timeout
         self._recv_queue = recv_queue
         self._delays = list(delays) or [0.0] * len(self.endpoints)
+        self._ipc = ipc and zmq.has("ipc")
+        self.routes: dict[int, str] = {}  # destination -> "ipc" or "tcp", once connected
         self._thread = LoopThread(f"gossip-loop-{rank}")
         self._outboxes: dict[int, _Outbox] = {}
         self._context: zmq.asyncio.Context | None = None
@@ -103,12 +112,17 @@ class Transport:
         if self.keys is not None:
             self._authenticator = start_authenticator(self._context, self.keys)
             secure_router(router, self.keys)
-        try:
-            router.bind(self.bind_endpoint)
-        except zmq.ZMQError as exc:
-            router.close(0)
-            hint = "; another run may hold it: choose another --base-port" if exc.errno == zmq.EADDRINUSE else ""
-            raise PeerUnreachable(f"peer {self.rank} cannot listen on {self.bind_endpoint}: {exc.strerror}{hint}") from exc
+        own = ipc_endpoint(self.endpoints[self.rank]) if self._ipc and self.rank < len(self.endpoints) else None
+        for endpoint, if_taken in ((self.bind_endpoint, "another run may hold it: choose another --base-port"),
+                                   (own, "another process here announces the same endpoint, or pass --no-ipc")):
+            if endpoint is None:
+                continue
+            try:
+                router.bind(endpoint)
+            except zmq.ZMQError as exc:
+                router.close(0)
+                hint = f"; {if_taken}" if exc.errno == zmq.EADDRINUSE else ""
+                raise PeerUnreachable(f"peer {self.rank} cannot listen on {endpoint}: {exc.strerror}{hint}") from exc
         self._router = router
         self._receiver = asyncio.get_running_loop().create_task(self._receive_forever(router))
         self._receiver.add_done_callback(self._note_failure)
@@ -151,17 +165,22 @@ class Transport:
             await outbox.queue.join()
 
     # -- sending ---------------------------------------------------------------------------------------
-    def post(self, dests: Sequence[int], frames: list[Any], *, latest_only: bool, timeout: float) -> None:
+    def post(self, dests: Sequence[int], frames: list[Any], *, latest_only: bool, timeout: float,
+             track: bool = False) -> Delivery | None:
         """Queue ``frames`` for every rank in ``dests`` (one hand-over to the loop for all of them).
 
         ``latest_only`` replaces a queued, unsent message instead of waiting; otherwise wait up to
-        ``timeout`` seconds for room in each queue (PeerTimeout naming the peer after that)."""
+        ``timeout`` seconds for room in each queue (PeerTimeout naming the peer after that). ``track``
+        (not with ``latest_only``): return a ``Delivery`` that tells when ZeroMQ has let go of the frames'
+        memory, so the caller may write to it again."""
         self.raise_if_failed()
         if latest_only:
             self._thread.call_soon(self._post_latest, dests, frames)
-        else:
-            self._thread.run(self._post_wait(dests, frames), timeout,
-                             f"queueing a message for peer(s) {', '.join(map(str, dests))}")
+            return None
+        delivery = Delivery(len(dests)) if track else None
+        self._thread.run(self._post_wait(dests, frames, delivery), timeout,
+                         f"queueing a message for peer(s) {', '.join(map(str, dests))}")
+        return delivery
 
     def _post_latest(self, dests: Sequence[int], frames: list[Any]) -> None:
         for dest in dests:
@@ -176,11 +195,19 @@ class Transport:
                     kept.append(item)
             for item in kept[:queue.maxsize - 1]:  # (a flood of non-replaceable messages cannot fill it)
                 queue.put_nowait(item)
-            queue.put_nowait((time.monotonic() + self._delays[dest], frames, True))
+            for item in kept[queue.maxsize - 1:]:
+                _settle(item[3], None)
+            queue.put_nowait((time.monotonic() + self._delays[dest], frames, True, None))
 
-    async def _post_wait(self, dests: Sequence[int], frames: list[Any]) -> None:
-        for dest in dests:
-            await self._outbox(dest).queue.put((time.monotonic() + self._delays[dest], frames, False))
+    async def _post_wait(self, dests: Sequence[int], frames: list[Any], delivery: Delivery | None) -> None:
+        queued = 0
+        try:
+            for dest in dests:
+                await self._outbox(dest).queue.put((time.monotonic() + self._delays[dest], frames, False, delivery))
+                queued += 1
+        finally:
+            for _ in range(len(dests) - queued):  # not queued (a timeout): ZeroMQ never saw these frames
+                _settle(delivery, None)
 
     def forget(self, dest: int) -> None:
         """Stop sending to ``dest`` (a neighbour declared dead): drop what is queued for it and close its
@@ -191,7 +218,7 @@ class Transport:
         outbox = self._outboxes.pop(dest, None)
         if outbox is not None:
             while not outbox.queue.empty():
-                outbox.queue.get_nowait()
+                _settle(outbox.queue.get_nowait()[3], None)
                 outbox.queue.task_done()
             outbox.close(0)
 
@@ -211,11 +238,14 @@ class Transport:
             socket.setsockopt(zmq.HEARTBEAT_TTL, self._heartbeat_ms)
             if self.keys is not None:
                 secure_dealer(socket, self.keys, dest)
+            local = ipc_endpoint(self.endpoints[dest]) if self._ipc else None
+            address = local or self.endpoints[dest]
             try:
-                socket.connect(self.endpoints[dest])
+                socket.connect(address)
             except zmq.ZMQError as exc:
                 socket.close(0)
-                raise PeerUnreachable(f"cannot connect to peer {dest} at {self.endpoints[dest]}: {exc.strerror}") from exc
+                raise PeerUnreachable(f"cannot connect to peer {dest} at {address}: {exc.strerror}") from exc
+            self.routes[dest] = "ipc" if local else "tcp"
             outbox = _Outbox(dest, socket, asyncio.Queue(self._queue_depth))
             loop = asyncio.get_running_loop()
             outbox.task = loop.create_task(self._send_forever(outbox))
@@ -227,17 +257,19 @@ class Transport:
 
     async def _send_forever(self, outbox: _Outbox) -> None:
         while True:
-            due, frames, _ = await outbox.queue.get()
+            due, frames, _, delivery = await outbox.queue.get()
+            tracker = None
             try:
                 if (hold := due - time.monotonic()) > 0:
                     await asyncio.sleep(hold)
-                await outbox.socket.send_multipart(frames, copy=False)
+                tracker = await outbox.socket.send_multipart(frames, copy=False, track=delivery is not None)
                 self.messages_sent += 1
                 self.bytes_sent += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
             except zmq.ZMQError as exc:  # the message is lost; the receiver's round timeout will say so
                 self.dropped["send-error"] += 1
                 log.warning("peer %d could not send to peer %d: %s", self.rank, outbox.dest, exc)
             finally:
+                _settle(delivery, tracker)  # (cancelled before the send: ZeroMQ never saw the frames)
                 outbox.queue.task_done()
 
     async def _watch_link(self, outbox: _Outbox) -> None:
@@ -284,11 +316,48 @@ class Transport:
     def statistics(self) -> dict[str, Any]:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "messages_sent": self.messages_sent, "messages_received": self.messages_received,
-                "replaced": self.replaced, "dropped": dict(self.dropped)}
+                "replaced": self.replaced, "dropped": dict(self.dropped),
+                "routes": {str(dest): route for dest, route in sorted(self.routes.items())}}
+
+
+class Delivery:
+    """One tracked ``post``, seen from the thread that posted it: ``wait`` returns True once ZeroMQ holds
+    none of the frames any more (sent to every destination, or dropped), so their memory may change."""
+
+    def __init__(self, count: int) -> None:
+        self._cond = threading.Condition()
+        self._unsettled = count  # destinations whose send has not been attempted yet
+        self._trackers: list[zmq.MessageTracker] = []
+
+    def settle(self, tracker: zmq.MessageTracker | None) -> None:
+        with self._cond:
+            if tracker is not None:
+                self._trackers.append(tracker)
+            self._unsettled -= 1
+            self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._unsettled <= 0, timeout):
+                return False
+            trackers = list(self._trackers)
+        try:
+            for tracker in trackers:
+                tracker.wait(max(0.0, deadline - time.monotonic()))
+        except zmq.NotDone:
+            return False
+        return True
+
+
+def _settle(delivery: Delivery | None, tracker: zmq.MessageTracker | None) -> None:
+    if delivery is not None:
+        delivery.settle(tracker)
 
 
 class _Outbox:
-    def __init__(self, dest: int, socket: zmq.asyncio.Socket, queue: asyncio.Queue[tuple[float, list[Any], bool]]) -> None:
+    def __init__(self, dest: int, socket: zmq.asyncio.Socket,
+                 queue: asyncio.Queue[tuple[float, list[Any], bool, Delivery | None]]) -> None:
         self.dest = dest
         self.socket = socket
         self.queue = queue

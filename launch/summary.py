@@ -83,7 +83,7 @@ def peer_result(rank: int, events: list[dict[str, Any]]) -> dict[str, Any]:
             "step_seconds": end.get("step_seconds"), "neighbour_speeds": end.get("neighbour_speeds"),
             "staleness": end.get("staleness"), "dropped": end.get("dropped"), "weight": end.get("weight"),
             "deadline_misses": end.get("deadline_misses"), "late_mixed": end.get("late_mixed"),
-            "stragglers": end.get("stragglers"), "max_rss_mb": end.get("max_rss_mb")}
+            "stragglers": end.get("stragglers"), "max_rss_mb": end.get("max_rss_mb"), "routes": end.get("routes")}
 
 
 def chronic_stragglers(peers: list[dict[str, Any]]) -> dict[str, list[int]]:
@@ -206,7 +206,8 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
                      f"(histograms per peer in summary.json)")
     lines.append(f"wall time                {summary['wall_seconds']:.1f} s")
     lines.append(f"bytes sent (all peers)   {summary['bytes_sent'] / 1e6:.1f} MB")
-    lines.append(f"results                  {out}/ (summary.json, summary.png, peer-<rank>.jsonl, model-*.pt)")
+    plotted = "summary.png, " if (out / "summary.png").exists() else ""
+    lines.append(f"results                  {out}/ (summary.json, {plotted}peer-<rank>.jsonl, model-*.pt)")
     print("\n".join(lines))
 
 

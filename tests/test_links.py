@@ -58,7 +58,9 @@ def test_a_rate_limited_link_slows_exactly_its_peer_and_leaves_no_namespace(laun
                      f"0,0,{rate_mbit}", nodes=3)
     peers = json.loads((run.out / "peers.json").read_text())
     assert [p["endpoint"].split(":")[1] for p in peers] == ["//10.77.0.1", "//10.77.0.2", "//10.77.0.3"]
-    limited = next(e for e in run.events(2) if e["event"] == "end")
+    ends = [next(e for e in run.events(r) if e["event"] == "end") for r in range(3)]
+    assert all(set(e["routes"].values()) == {"tcp"} for e in ends), ends  # no Unix socket past the veth links
+    limited = ends[2]
     # Everything peer 2 received came through its token bucket: it cannot have been faster than the rate.
     assert limited["wall_seconds"] >= 0.9 * limited["bytes_received"] * 8 / (rate_mbit * 1e6)
     assert limited["bytes_received"] >= 2 * rounds * dim * 8

@@ -45,6 +45,8 @@ def test_launcher_trains_across_the_limited_link(hosts, launch_run):
     assert summary["mean_test_accuracy"] >= 0.9 and all(p["rounds"] == 150 for p in summary["peers"])
     peers = json.loads((run.out / "peers.json").read_text())
     assert [p["endpoint"].split(":")[1] for p in peers] == ["//" + hosts.wan[i // 2] for i in range(4)]
+    ends = [next(e for e in run.events(r) if e["event"] == "end") for r in range(4)]
+    assert all(set(e["routes"].values()) == {"tcp"} for e in ends), ends  # announced off loopback: TCP
     # On a ring, peers 0 and 1 (host 0) each send half of their bytes to a neighbour on host 1: all of it
     # went over the limited link, none over the other one
     crossed = (summary["peers"][0]["bytes_sent"] + summary["peers"][1]["bytes_sent"]) / 2

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gossip.address import bindable, expand_nodelist, host_of_rank, parse_hostfile, parse_hosts, split_endpoint
+from gossip.address import (bindable, expand_nodelist, host_of_rank, ipc_endpoint, parse_hostfile, parse_hosts,
+                            split_endpoint)
 from gossip.config import GossipConfig, RendezvousConfig
 from gossip.device import resolve_device
 from gossip.errors import ConfigError
@@ -172,3 +173,16 @@ def test_device_without_a_gpu():
     for spec in ("cuda", "cuda:1"):
         with pytest.raises(ConfigError, match=f"--device {spec}: torch sees no GPU"):
             resolve_device(spec, local_rank=0)
+
+
+@pytest.mark.parametrize("endpoint, expected", [
+    ("tcp://127.0.0.1:47000", "ipc://@gossip-train/127.0.0.1:47000"),
+    ("tcp://127.3.0.9:5", "ipc://@gossip-train/127.3.0.9:5"),
+    ("tcp://localhost:47001", "ipc://@gossip-train/localhost:47001"),
+    ("tcp://10.77.0.1:47000", None),  # routable: it may be a port mapped into another namespace
+    ("tcp://node07:47000", None),
+    ("ipc:///tmp/x", None),
+    ("not an endpoint", None),
+])
+def test_only_loopback_endpoints_have_a_same_host_unix_socket(endpoint, expected):
+    assert ipc_endpoint(endpoint) == expected

@@ -14,6 +14,7 @@ import zmq
 import zmq.auth
 
 import gossip
+from gossip.address import ipc_endpoint
 from gossip.errors import ConfigError, PeerTimeout
 from gossip.security import generate_keys, load_keys
 from gossip.wire import encode, params_header
@@ -132,13 +133,17 @@ def test_no_peer_talks_to_an_impostor_on_its_neighbours_address(keydir, tmp_path
     impostor.curve_secretkey, impostor.curve_publickey, impostor.curve_server = secret, public, True
     impostor.setsockopt(zmq.LINGER, 0)
     impostor.bind(eps[1])
+    impostor.bind(ipc_endpoint(eps[1]))  # and on its same-host Unix socket, which peer 0 dials here
+    monitor = impostor.get_monitor_socket(zmq.EVENT_ACCEPTED)
     try:
         model = vector_model(torch.zeros(4, dtype=torch.float64))
         with pytest.raises(PeerTimeout, match="heard nothing from peer"):
             gossip.attach(model, rank=0, world_size=3, endpoints=eps, topology="full", secure=str(keydir),
                           startup_timeout=1.5)
-        assert impostor.poll(200) == 0  # our hello never reached it: the CURVE handshake failed
+        assert monitor.poll(200)  # peer 0 did dial the impostor ...
+        assert impostor.poll(200) == 0  # ... but its hello never reached it: the CURVE handshake failed
     finally:
+        monitor.close(0)
         impostor.close(0)
         context.term()
 

@@ -39,10 +39,30 @@ def test_sync_ring_digits_trains_every_peer(launch_run):
         torch.testing.assert_close(tensor, sum(s[name] for s in states) / 4, rtol=0, atol=1e-6)
     assert average_state_dicts(states).keys() == final.keys()
 
+    ends = [next(e for e in run.events(r) if e["event"] == "end") for r in range(4)]
+    # neighbours on loopback: the same-host Unix socket, not TCP
+    assert [e["routes"] for e in ends] == [{str((r - 1) % 4): "ipc", str((r + 1) % 4): "ipc"} for r in range(4)]
+    assert [p["routes"] for p in summary["peers"]] == [e["routes"] for e in ends]
+
     steps = [e for e in run.events(1) if e["event"] == "step"]
     assert [e["step"] for e in steps] == list(range(1, 201))
     assert {"loss", "round", "bytes_sent", "bytes_received", "time", "wait_seconds"} <= steps[-1].keys()
     assert "mean test accuracy" in run.stdout and "consensus distance" in run.stdout
+    assert "summary.png" in run.stdout
+
+
+def test_sync_ring_digits_trains_without_overlap_over_tcp(launch_run):
+    """--no-overlap: every peer sends its weights themselves (the 38 KB MLP goes below pyzmq's copy
+    threshold, so ZeroMQ copies it) and mixes each round before training on. --no-ipc: over TCP loopback,
+    as between hosts."""
+    run = launch_run("--steps", "200", "--no-overlap", "--no-ipc", nodes=4)
+    accuracies = [p["test_accuracy"] for p in run.summary["peers"]]
+    assert run.summary["mean_test_accuracy"] >= 0.90, accuracies
+    assert max(accuracies) - min(accuracies) <= 0.02, accuracies
+    ends = [next(e for e in run.events(r) if e["event"] == "end") for r in range(4)]
+    assert all(e["rounds"] == 200 and e["relocated"] == 0 for e in ends), ends
+    assert all(set(e["routes"].values()) == {"tcp"} and len(e["routes"]) == 2 for e in ends), ends
+    assert "summary.png" not in run.stdout  # not plotted, so not listed among the results
 
 
 def test_async_with_a_slow_peer_finishes_and_logs_staleness(launch_run):

@@ -12,8 +12,12 @@ import zmq
 
 import gossip
 import topologies
+from gossip.address import ipc_endpoint
 from gossip.errors import PeerTimeout, PeerUnreachable
+from gossip.config import GossipConfig
+from gossip.flat import FlatParams
 from gossip.transport import Transport
+from gossip.wire import Header, decode, encode, params_header
 from tests.conftest import free_base_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -67,6 +71,34 @@ def test_messages_arrive_and_garbage_is_dropped_and_counted():
         assert received and received[0][0] is None and [f.bytes for f in received[0][1]] == [b"one", b"two"]
         assert sender.statistics()["messages_sent"] == 1
     finally:
+        sender.close()
+        receiver.close()
+
+
+@pytest.mark.parametrize("ipc", [True, False])
+def test_loopback_neighbours_are_reached_over_the_unix_socket_unless_ipc_is_off(ipc):
+    eps = endpoints(2)
+    received = []
+    receiver = Transport(0, eps[0], eps, lambda identity, frames: received.append(frames), ipc=ipc)
+    sender = Transport(1, eps[1], eps, lambda identity, frames: None, ipc=ipc)
+    receiver.start()
+    sender.start()
+    context = zmq.Context()
+    try:
+        sender.post([0], [b"hello"], latest_only=False, timeout=5)
+        # the receiver also listens on the Unix socket (or not): a bare socket tries it
+        bare = context.socket(zmq.DEALER)
+        bare.setsockopt(zmq.LINGER, 0)
+        bare.connect(ipc_endpoint(eps[0]))
+        bare.send(b"bare")
+        deadline = time.monotonic() + 5
+        while len(received) < (2 if ipc else 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # (without ipc: time for a message that should not come)
+        assert sorted(f.bytes for frames in received for f in frames) == ([b"bare", b"hello"] if ipc else [b"hello"])
+        assert sender.statistics()["routes"] == {"0": "ipc" if ipc else "tcp"}
+    finally:
+        context.destroy(linger=0)
         sender.close()
         receiver.close()
 
@@ -134,6 +166,105 @@ def test_sync_gossip_in_threads_is_exactly_w_times_x():
         np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-13)
         expected = w @ expected
     np.testing.assert_allclose(np.stack([h[-1] for h in histories]).mean(0), start.numpy().mean(0), atol=1e-14)
+
+
+def test_sync_gossip_without_overlap_mixes_each_round_in_place():
+    """--no-overlap: after step k the weights are already W^k x0 (no round in flight, nothing left for
+    close()), mixed in the same memory they were sent from (128 KiB: pyzmq sends it uncopied, tracked),
+    and ZeroMQ let go of them in time every round."""
+    eps = endpoints(4)
+    start = torch.randn(4, 1 << 14, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    rounds = 6
+
+    def peer(rank: int) -> tuple[np.ndarray, dict]:
+        model = vector_model(start[rank])
+        history = [model.value.detach().clone().numpy()]
+        with gossip.attach(model, rank=rank, world_size=4, endpoints=tuple(eps), topology="ring",
+                           overlap=False) as averager:
+            storage = model.value.data_ptr()
+            for _ in range(rounds):
+                averager.step()
+                history.append(model.value.detach().clone().numpy())
+        history.append(model.value.detach().clone().numpy())
+        assert model.value.data_ptr() == storage  # mixed in place, never moved
+        return np.stack(history), averager.statistics()
+
+    results = run_peers(4, peer)
+    w = topologies.build("ring", 4).mixing_matrix(0)
+    expected = start.numpy()
+    for index in range(rounds + 1):
+        np.testing.assert_allclose(np.stack([h[index] for h, _ in results]), expected, rtol=0, atol=1e-13)
+        expected = w @ expected if index < rounds else expected
+    np.testing.assert_array_equal(np.stack([h[-1] for h, _ in results]), np.stack([h[-2] for h, _ in results]))
+    assert all(stats["relocated"] == 0 for _, stats in results)
+
+
+@pytest.mark.parametrize("ipc", [True, False])
+def test_without_overlap_weights_still_being_sent_are_not_changed(ipc):
+    """--no-overlap, 2 peers: "peer 1" is a bare socket that sends its hello and its weights for rounds 0 and
+    1, and reads nothing until the end, so ZeroMQ cannot finish sending peer 0's 32 MiB. Peer 0 must not
+    mix into what is still being sent: after SEND_GRACE it mixes into a copy, and peer 1 receives each
+    round's weights as they were when sent. Over TCP loopback and over the same-host Unix socket."""
+    eps = endpoints(2)
+    numel = 8 << 20  # 32 MiB of float32: more than the kernel's socket buffers hold
+    context = zmq.Context()
+    sink = context.socket(zmq.ROUTER)
+    sink.setsockopt(zmq.RCVHWM, 1)
+    sink.setsockopt(zmq.LINGER, 0)
+    sink.bind(ipc_endpoint(eps[1]) if ipc else eps[1])
+    mute = context.socket(zmq.DEALER)
+    mute.setsockopt(zmq.LINGER, 0)
+    mute.connect(eps[0])
+    twin = FlatParams(vector_model(torch.ones(numel)), GossipConfig().chunk_bytes)
+    mute.send_multipart(encode(Header(kind="hello", sender=1)))
+    for round in (0, 1):
+        header = params_header("params", 1, twin.layout, twin.chunk_bytes, round=round, step=round + 1)
+        mute.send_multipart(encode(header, list(twin.views())))
+    model = vector_model(torch.zeros(numel))
+    averager = gossip.attach(model, rank=0, world_size=2, endpoints=tuple(eps), topology="full", overlap=False,
+                             ipc=ipc, peer_timeout=20, shutdown_timeout=0.5)
+    try:
+        averager.step()
+        assert torch.all(model.value == 0.5)
+        averager.step()
+        assert torch.all(model.value == 0.75)
+        assert averager.statistics()["relocated"] >= 1
+        sent = {}
+        while len(sent) < 2:
+            assert sink.poll(20_000), f"peer 0's messages did not arrive (got rounds {sorted(sent)})"
+            frames = sink.recv_multipart()[1:]
+            message = decode(frames, twin.layout, 2)
+            if message.header.kind == "params":
+                sent[message.header.round] = {float(chunk.min()) for chunk in message.chunks} | \
+                    {float(chunk.max()) for chunk in message.chunks}
+        assert sent == {0: {0.0}, 1: {0.5}}  # each round's weights as they were when sent
+    finally:
+        averager.close(finish=False)
+        context.destroy(linger=0)
+
+
+def test_a_tracked_send_is_delivered_only_once_zeromq_lets_go():
+    """A Delivery waits for ZeroMQ to release the frames: at once when the receiver reads, never while the
+    destination is absent, and at once when that destination is forgotten (its queue dropped)."""
+    eps = endpoints(3)
+    received = threading.Event()
+    receiver = Transport(1, eps[1], eps, lambda sender, frames: received.set())
+    sender = Transport(0, eps[0], eps, lambda *a: None)
+    receiver.start()
+    sender.start()
+    try:
+        payload = torch.zeros(1 << 18)  # 1 MiB: above pyzmq's copy threshold, so really sent uncopied
+        frames = [b"x", memoryview(payload.numpy())]
+        delivery = sender.post([1], frames, latest_only=False, timeout=5, track=True)
+        assert delivery.wait(10) and received.wait(10)
+        absent = sender.post([2], frames, latest_only=False, timeout=5, track=True)  # nobody listens on eps[2]
+        assert not absent.wait(0.3)
+        sender.forget(2)
+        assert absent.wait(10)
+        assert sender.post([1], frames, latest_only=False, timeout=5) is None  # untracked
+    finally:
+        sender.close(flush_timeout=0)
+        receiver.close()
 
 
 def test_a_silent_neighbour_times_out_with_its_rank_named():

@@ -39,7 +39,7 @@ from gossip.flat import FlatParams
 from gossip.mailbox import Mailbox
 from gossip.metrics import SpeedMeter
 from gossip.security import CurveKeys, load_keys
-from gossip.transport import Transport
+from gossip.transport import Delivery, Transport
 from gossip.wire import Header, encode, params_header
 
 log = logging.getLogger("gossip.averager")
@@ -78,6 +78,7 @@ class Averager(ABC):
                                    queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
                                    recv_queue=max(64, 4 * ranks), keys=transport_keys(config, self.rank),
                                    on_link=self.mailbox.link, heartbeat_timeout=config.peer_timeout,
+                                   ipc=config.ipc,
                                    # one-way latency of a link = that of the sender's access plus the receiver's
                                    delays=[latency[self.rank] + latency[dest] for dest in range(ranks)])
         self._closed = False
@@ -252,10 +253,11 @@ class Averager(ABC):
         return {str(j): header.speed for j, header in sorted(self.mailbox.reported.items())}
 
     # -- shared helpers --------------------------------------------------------------------------------
-    def _send_snapshot(self, round: int, *, latest_only: bool, snapshot: list | None = None,
-                       weight: float = 1.0) -> list:
-        """Queue a copy of the weights (``snapshot``, or one taken now) for this round's out-neighbours, with
-        push-sum mass ``weight``; returns the copy."""
+    def _send_snapshot(self, round: int, *, latest_only: bool, snapshot: list | None = None, weight: float = 1.0,
+                       track: bool = False) -> Delivery | None:
+        """Queue the weights ``snapshot`` (cut into frames and sent uncopied; None: a copy taken now) for this
+        round's out-neighbours, with push-sum mass ``weight``; with ``track``, return the transport's
+        ``Delivery`` of it."""
         snapshot = snapshot if snapshot is not None else self.flat.snapshot()
         header = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
                                step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second,
@@ -263,11 +265,12 @@ class Averager(ABC):
         if self.rank in self.config.byzantine:  # fault injection: the wire gets garbage, our own model is kept
             seed = (self.config.seed * 1_000_003 + self.rank) * 1_000_003 + round
             frames = encode(header, byzantine_garbage(snapshot, self.config.byzantine_scale, seed))
+            track = False  # (fresh tensors: nothing of ours is held)
         else:
             frames = encode(header, snapshot)
         dests = [k for k in self.topology.out_neighbors(self.rank, round) if k not in self.dead]
-        self.transport.post(dests, frames, latest_only=latest_only, timeout=self.config.send_timeout)
-        return snapshot
+        return self.transport.post(dests, frames, latest_only=latest_only, timeout=self.config.send_timeout,
+                                   track=track)
 
     def _timed_mix(self) -> _Timer:
         return _Timer(self, "mix_seconds")

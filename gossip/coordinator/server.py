@@ -53,7 +53,8 @@ class ParameterServer:
         endpoints = [self.config.endpoint(r) for r in range(self.workers + 1)]
         self.transport = Transport(self.rank, self.config.bind_endpoint(self.rank), endpoints, self.mailbox.deliver,
                                    queue_depth=self.config.queue_depth, shutdown_timeout=self.config.shutdown_timeout,
-                                   recv_queue=max(64, 4 * self.workers), keys=transport_keys(self.config, self.rank))
+                                   recv_queue=max(64, 4 * self.workers), keys=transport_keys(self.config, self.rank),
+                                   ipc=self.config.ipc)
         self.joined: set[int] = set()
         self.started = time.monotonic()
         self.last_heard: dict[int, float] = {}  # worker -> its last message, or our last answer to it
