@@ -4,8 +4,12 @@ Three implementations of the same round, measured in the same run on the same ma
 
 - ``gossip``: this project: ``gossip.attach`` on a model of the given size, gossip-sync on a ring, one
   ``averager.step()`` per round (snapshot copy, send in 8 MiB frames, receive, mix chunk by chunk).
+  ``gossip-no-overlap``: the same with ``overlap=False``: the weights themselves are sent uncopied, and
+  the round is mixed in place before ``step()`` returns. Peers on one host reach each other over a Unix
+  socket by default (``--ipc``); the ``-tcp`` variants (``ipc=False``) use TCP loopback, as between hosts.
 - ``pyzmq``: a plain pyzmq exchange of the same bytes as one zero-copy frame (DEALER -> ROUTER), then the
-  same mix.
+  same mix. ``pyzmq-frames``: the same bytes in 8 MiB frames, checked for NaN/Inf, mixed block by block;
+  ``pyzmq-frames-ipc``: the same over the Unix socket.
 - ``gloo``: ``torch.distributed`` with the gloo backend, isend/irecv with both neighbours into
   preallocated buffers, then the same mix; ``gloo-exchange`` is the same without the mix.
 
@@ -26,6 +30,7 @@ import platform
 import socket
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,19 +39,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 WORLD = 3
 MB = 1 << 20
+KEYDIR = ROOT / "bench" / "results" / "exchange-keys"  # --secure variant: key pairs for the 3 peers
 
 
 def mix(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     x.mul_(1 / 3).add_(a, alpha=1 / 3).add_(b, alpha=1 / 3)  # Metropolis-Hastings weights of a 3-ring
 
 
-def run_gossip(rank: int, numel: int, rounds: int, warmup: int, port: int, secure: str = "") -> float:
+def run_gossip(rank: int, numel: int, rounds: int, warmup: int, port: int, secure: str = "",
+               overlap: bool = True, ipc: bool = True) -> float:
     import gossip
 
     model = torch.nn.Linear(1, 1, bias=False)
     model.weight = torch.nn.Parameter(torch.full((numel,), float(rank)))
     with gossip.attach(model, rank=rank, world_size=WORLD, base_port=port, topology="ring",
-                       secure=secure) as averager:
+                       secure=secure, overlap=overlap, ipc=ipc) as averager:
         for _ in range(warmup):
             averager.step()
         begin = time.perf_counter()
@@ -55,17 +62,42 @@ def run_gossip(rank: int, numel: int, rounds: int, warmup: int, port: int, secur
         return (time.perf_counter() - begin) / rounds
 
 
-def run_pyzmq(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
+def _pyzmq_ring(rank: int, port: int, ipc: bool = False):
+    """A ROUTER bound for this rank and a DEALER to each ring neighbour: (context, router, dealers); over TCP
+    loopback, or with ``ipc`` over the Unix sockets the transport uses for same-host peers."""
     import zmq
+
+    from gossip.address import ipc_endpoint
+
+    def address(peer: int) -> str:
+        endpoint = f"tcp://127.0.0.1:{port + peer}"
+        return ipc_endpoint(endpoint) if ipc else endpoint
 
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
-    router.bind(f"tcp://127.0.0.1:{port + rank}")
+    router.bind(address(rank))
     dealers = []
     for peer in ((rank + 1) % WORLD, (rank - 1) % WORLD):
         dealer = context.socket(zmq.DEALER)
-        dealer.connect(f"tcp://127.0.0.1:{port + peer}")
+        dealer.connect(address(peer))
         dealers.append(dealer)
+    return context, router, dealers
+
+
+def _time_pyzmq(context, one_round, rounds: int, warmup: int) -> float:
+    for _ in range(warmup):
+        one_round()
+    begin = time.perf_counter()
+    for _ in range(rounds):
+        one_round()
+    elapsed = (time.perf_counter() - begin) / rounds
+    time.sleep(0.5)  # let the neighbours finish their last receive before the sockets go
+    context.destroy(linger=0)
+    return elapsed
+
+
+def run_pyzmq(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
+    context, router, dealers = _pyzmq_ring(rank, port)
     x = torch.full((numel,), float(rank))
 
     def one_round() -> None:
@@ -77,15 +109,42 @@ def run_pyzmq(rank: int, numel: int, rounds: int, warmup: int, port: int) -> flo
             received.append(torch.frombuffer(frame.buffer, dtype=torch.float32))
         mix(x, *received)
 
-    for _ in range(warmup):
-        one_round()
-    begin = time.perf_counter()
-    for _ in range(rounds):
-        one_round()
-    elapsed = (time.perf_counter() - begin) / rounds
-    time.sleep(0.5)  # let the neighbours finish their last receive before the sockets go
-    context.destroy(linger=0)
-    return elapsed
+    return _time_pyzmq(context, one_round, rounds, warmup)
+
+
+def run_pyzmq_frames(rank: int, numel: int, rounds: int, warmup: int, port: int, ipc: bool = False) -> float:
+    """The cheapest round we know with pyzmq: the live buffer sent uncopied in 8 MiB frames (tracked, so it
+    is not changed while ZeroMQ reads it), every received frame checked by a sum as ``gossip.wire`` does,
+    then a cache-blocked mix of three arrays. No threads, headers or mailbox: a floor for --no-overlap."""
+    import math
+
+    from gossip.alloc import keep_freed_memory
+
+    keep_freed_memory()
+    context, router, dealers = _pyzmq_ring(rank, port, ipc)
+    x = torch.full((numel,), float(rank))
+    frame, block = (8 * MB) // 4, (2 * MB) // 4
+
+    def one_round() -> None:
+        views = [memoryview(x[i:i + frame].numpy()) for i in range(0, numel, frame)]
+        trackers = [dealer.send_multipart(views, copy=False, track=True) for dealer in dealers]
+        received = []
+        for _ in dealers:
+            chunks = [torch.frombuffer(f.buffer, dtype=torch.float32) for f in router.recv_multipart(copy=False)[1:]]
+            if not all(math.isfinite(float(chunk.sum())) for chunk in chunks):
+                raise ValueError("non-finite payload")
+            received.append(chunks)
+        for tracker in trackers:
+            tracker.wait()
+        for index, first in enumerate(range(0, numel, frame)):
+            view = x[first:first + frame]
+            for start in range(0, view.numel(), block):
+                target = view[start:start + block]
+                target.mul_(1 / 3)
+                for chunks in received:
+                    target.add_(chunks[index][start:start + block], alpha=1 / 3)
+
+    return _time_pyzmq(context, one_round, rounds, warmup)
 
 
 def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int, mixing: bool = True) -> float:
@@ -116,23 +175,22 @@ def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int, mixing:
     return elapsed
 
 
-def run_gossip_secure(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
-    """The same round with CurveZMQ on every socket (--secure): encryption and authentication."""
-    keydir = ROOT / "bench" / "results" / "exchange-keys"
-    return run_gossip(rank, numel, rounds, warmup, port, secure=str(keydir))
-
-
-def run_gloo_exchange(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
-    return run_gloo(rank, numel, rounds, warmup, port, mixing=False)
-
-
-RUNNERS = {"gossip": run_gossip, "pyzmq": run_pyzmq, "gloo": run_gloo, "gloo-exchange": run_gloo_exchange,
-           "gossip-secure": run_gossip_secure}
+RUNNERS = {"gossip": run_gossip, "gossip-no-overlap": partial(run_gossip, overlap=False),
+           "gossip-tcp": partial(run_gossip, ipc=False), "gossip-no-overlap-tcp": partial(run_gossip, overlap=False,
+                                                                                          ipc=False),
+           "pyzmq": run_pyzmq, "pyzmq-frames": run_pyzmq_frames,
+           "pyzmq-frames-ipc": partial(run_pyzmq_frames, ipc=True),
+           "gloo": run_gloo, "gloo-exchange": partial(run_gloo, mixing=False),
+           # CurveZMQ on every socket (--secure): encryption and authentication
+           "gossip-secure": partial(run_gossip, secure=str(KEYDIR))}
 
 
 def _peer(variant: str, rank: int, numel: int, rounds: int, warmup: int, port: int, results: mp.Queue) -> None:
+    import resource
+
     torch.set_num_threads(1)
-    results.put((rank, RUNNERS[variant](rank, numel, rounds, warmup, port)))
+    elapsed = RUNNERS[variant](rank, numel, rounds, warmup, port)
+    results.put((rank, elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))  # Linux: KiB
 
 
 def free_port_block(count: int) -> int:
@@ -148,7 +206,8 @@ def free_port_block(count: int) -> int:
     raise RuntimeError("no free ports")
 
 
-def measure(variant: str, size_mb: float, rounds: int, warmup: int) -> float:
+def measure(variant: str, size_mb: float, rounds: int, warmup: int) -> tuple[float, float]:
+    """(seconds per round of the slowest peer, peak resident MB of the largest peer)."""
     numel = int(size_mb * MB) // 4
     context = mp.get_context("spawn")
     results = context.Queue()
@@ -158,13 +217,13 @@ def measure(variant: str, size_mb: float, rounds: int, warmup: int) -> float:
     for proc in procs:
         proc.start()
     try:
-        times = dict(results.get(timeout=600) for _ in procs)
+        reports = [results.get(timeout=600) for _ in procs]
     finally:
         for proc in procs:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    return max(times.values())
+    return max(elapsed for _, elapsed, _ in reports), max(rss for _, _, rss in reports)
 
 
 def main() -> None:
@@ -172,37 +231,52 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,16,100", help="model sizes in MiB, comma-separated")
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds (default: by size)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant and size; the median is kept")
-    parser.add_argument("--variants", default="gossip,pyzmq,gloo,gloo-exchange",
+    parser.add_argument("--variants", default="gossip,gossip-no-overlap,gossip-tcp,gossip-no-overlap-tcp,pyzmq,gloo,"
+                                              "gloo-exchange",
                         help="which of " + ", ".join(RUNNERS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "exchange.json")
     args = parser.parse_args()
     if "gossip-secure" in args.variants:
         from gossip.security import generate_keys
 
-        generate_keys(ROOT / "bench" / "results" / "exchange-keys", WORLD)
+        generate_keys(KEYDIR, WORLD)
     rows = []
     for size in (float(s) for s in args.sizes.split(",")):
         rounds = args.rounds or max(10, int(400 / size))
         row = {"size_mb": size, "rounds": rounds}
         for variant in args.variants.split(","):
-            samples = sorted(measure(variant, size, rounds, warmup=3) for _ in range(args.repeats))
+            runs = [measure(variant, size, rounds, warmup=3) for _ in range(args.repeats)]
+            samples = sorted(elapsed for elapsed, _ in runs)
             row[variant] = samples[len(samples) // 2]
             row[f"{variant}_all"] = samples
+            row[f"{variant}_peak_rss_mb"] = [round(rss) for _, rss in runs]
         rows.append(row)
-        print(f"{size:6.0f} MiB  " + "  ".join(f"{v} {row[v]:.4f} s" for v in RUNNERS if v in row), flush=True)
+        print(f"{size:6.0f} MiB  " + "  ".join(f"{v} {row[v]:.4f} s (peak RSS {max(row[f'{v}_peak_rss_mb'])} MB)"
+                                               for v in RUNNERS if v in row), flush=True)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "torch": torch.__version__}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
-    if set(RUNNERS) - set(rows[0]):
-        return
-    print("\n| model | gossip round | pyzmq, one frame + mix | gloo + mix | gloo exchange only "
-          "| gossip / gloo+mix | gossip / gloo exchange | pyzmq / gloo+mix |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print_table(rows, [v for v in RUNNERS if v in rows[0]])
+
+
+LABELS = {"gossip": "gossip round", "gossip-no-overlap": "gossip round, --no-overlap",
+          "gossip-tcp": "gossip round, --no-ipc", "gossip-no-overlap-tcp": "gossip round, --no-overlap --no-ipc",
+          "pyzmq": "pyzmq, one frame + mix", "pyzmq-frames": "pyzmq, 8 MiB frames, checked, + mix",
+          "pyzmq-frames-ipc": "pyzmq, 8 MiB frames, checked, + mix, ipc",
+          "gloo": "gloo + mix", "gloo-exchange": "gloo exchange only",
+          "gossip-secure": "gossip round, --secure"}
+
+
+def print_table(rows: list[dict], variants: list[str]) -> None:
+    """The markdown table of BENCHMARKS.md: seconds per round, then each variant's ratio to gloo + mix."""
+    ratios = [v for v in variants if v not in ("gloo", "gloo-exchange")] if "gloo" in variants else []
+    print("\n| model | " + " | ".join(LABELS[v] for v in variants) + "".join(f" | {LABELS[v]} / gloo + mix"
+                                                                             for v in ratios) + " |")
+    print("| --- |" + " --- |" * (len(variants) + len(ratios)))
     for row in rows:
-        print(f"| {row['size_mb']:.0f} MiB | {row['gossip']:.4f} s | {row['pyzmq']:.4f} s | {row['gloo']:.4f} s | "
-              f"{row['gloo-exchange']:.4f} s | {row['gossip'] / row['gloo']:.2f} | "
-              f"{row['gossip'] / row['gloo-exchange']:.2f} | {row['pyzmq'] / row['gloo']:.2f} |")
+        cells = [f"{row[v]:.4f} s" for v in variants] + [f"{row[v] / row['gloo']:.2f}" for v in ratios]
+        print(f"| {row['size_mb']:.0f} MiB | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
