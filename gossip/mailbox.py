@@ -30,6 +30,12 @@ class Received:
     message: Message
     arrival_step: int  # our own local step count when it arrived, for staleness
     arrival_time: float
+    final_step: int | None = None  # our local step when its sender said it was its last (a "bye")
+
+    def staleness(self, local_step: int) -> int:
+        """Our own local steps since it arrived, which stop counting once its sender has finished: the
+        sender's model will never be newer than this snapshot, so it grows no staler."""
+        return min(local_step, self.final_step if self.final_step is not None else local_step) - self.arrival_step
 
 
 class Mailbox:
@@ -56,6 +62,7 @@ class Mailbox:
         self._restarted: set[int] = set()  # said hello a second time: a new incarnation, not yet re-admitted
         self._declared: set[int] = set()  # declared dead and not re-admitted since
         self._up: set[int] = set()  # neighbours we have completed a handshake with at least once
+        self._finished: set[int] = set()  # said bye (gossip-async): disconnected, but not dead
         self.first: dict[int, Header] = {}  # each sender's first non-hello message header (for rejoining)
         self.keep_first = False  # rejoining without a checkpoint: also keep each sender's first model
         self._first_models: dict[int, list[torch.Tensor]] = {}
@@ -78,7 +85,7 @@ class Mailbox:
                 if sender in self._heard or sender in self._declared:  # it started again: a new incarnation
                     self._restarted.add(sender)
                     self._restart(sender)
-            else:
+            elif kind != "bye":
                 self.reported[sender] = message.header
                 if self.keep_first and sender in self.first and message.chunks:
                     self._first_models.setdefault(sender, [c.clone() for c in message.chunks])
@@ -103,9 +110,10 @@ class Mailbox:
 
     def _dead(self) -> set[int]:
         """Neighbours not to wait for (lock held): disconnected for ``peer_timeout`` seconds, declared dead,
-        or replaced by a new incarnation that is not re-admitted yet."""
+        or replaced by a new incarnation that is not re-admitted yet. A finished neighbour is not dead."""
         now = time.monotonic()
-        lost = {j for j, since in self._down_since.items() if now - since >= self.peer_timeout}
+        lost = {j for j, since in self._down_since.items()
+                if now - since >= self.peer_timeout and j not in self._finished}
         return lost | self._declared | self._restarted
 
     def dead(self) -> set[int]:
@@ -325,7 +333,13 @@ class MassMailbox(Mailbox):
 
 
 class LatestMailbox(Mailbox):
-    """Asynchronous gossip: the newest message from each sender, replaced on arrival of a newer one."""
+    """Asynchronous gossip: the newest message from each sender, replaced on arrival of a newer one.
+
+    A sender that finishes says "bye" with the step of its last snapshot: when that is the snapshot held,
+    its staleness stops growing (``Received.staleness``), and the sender, whose connection then drops, is
+    finished rather than dead, so its last model stays in the mix of a peer that is still training."""
+
+    accepts = frozenset({"hello", "params", "welcome", "bye"})
 
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
         super().__init__(rank, world_size, layout, expects)
@@ -333,17 +347,24 @@ class LatestMailbox(Mailbox):
 
     def _restart(self, sender: int) -> None:
         self._latest.pop(sender, None)  # its new incarnation counts steps from its checkpoint
+        self._finished.discard(sender)
 
     def _file(self, message: Message) -> None:
         header = message.header
         if header.kind == "hello":
             return
+        if not self.expects(header.sender, header.round):
+            raise ProtocolError("not-neighbour", f"peer {header.sender} is not our neighbour in its round {header.round}")
         held = self._latest.get(header.sender)
+        if header.kind == "bye":
+            self._finished.add(header.sender)
+            if held is not None and held.message.header.step == header.step and held.final_step is None:
+                held.final_step = self.local_step
+            return
         if held is not None and header.step <= held.message.header.step:
             raise ProtocolError("replay", f"step {header.step} from peer {header.sender} is not newer than "
                                           f"the step {held.message.header.step} we hold")
-        if not self.expects(header.sender, header.round):
-            raise ProtocolError("not-neighbour", f"peer {header.sender} is not our neighbour in its round {header.round}")
+        self._finished.discard(header.sender)  # (a forged bye is undone by the sender's next snapshot)
         self._latest[header.sender] = Received(message, self.local_step, time.monotonic())
 
     def latest(self) -> dict[int, Received]:

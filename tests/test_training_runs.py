@@ -76,6 +76,11 @@ def test_async_with_a_slow_peer_finishes_and_logs_staleness(launch_run):
     assert max(int(tau) for tau in histograms[0]) >= 2
     logged = [e for e in run.events(0) if e["event"] == "step" and e.get("staleness")]
     assert logged, "step events carry the staleness histogram"
+    # The slow peer ends last: its neighbours said bye with their final models, which it mixes to its last
+    # step (no staler than when the bye came) instead of training its last ~100 steps alone.
+    last = [e for e in run.events(3) if e["event"] == "step" and e["mixed"]][-1]
+    assert last["step"] == 150 and {"0", "2"} <= last["last_mix"].keys(), last
+    assert next(e for e in run.events(3) if e["event"] == "end")["dead_neighbours"] == []
     assert summary["mean_test_accuracy"] >= 0.85
 
 

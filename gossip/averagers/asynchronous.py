@@ -8,6 +8,11 @@ Sends keep only the newest unsent snapshot per neighbour, so a slow link or a de
 A neighbour declared dead (``peer_timeout`` after its connection dropped) no longer counts in the mix (the
 others' weights are renormalised, as for a snapshot that is too stale); restarted, it is welcomed back.
 
+A peer that finishes sends its final model and then "bye" with that model's step; a neighbour still
+training holds it as finished: its tau stops growing, and the sender, whose connection then drops, is not
+declared dead. So a peer that ends later than its neighbours (slower, or restarted) keeps mixing their
+final models instead of training its last steps alone on its shard.
+
 tau counts from arrival, not production: the transit time is not counted (peers share no clock), which on
 a LAN is far below one step. Observability: ``statistics()["staleness"]`` is the histogram {tau: snapshots
 mixed at that tau} (end event and summary), and ``last_mix`` the latest mix's coefficients (step events),
@@ -23,9 +28,11 @@ from __future__ import annotations
 from collections import Counter
 
 from gossip.aggregate import aggregate_into_
-from gossip.averagers.base import Averager
+from gossip.averagers.base import Averager, log
+from gossip.errors import PeerTimeout
 from gossip.mailbox import LatestMailbox
 from gossip.mixing import stale_weights
+from gossip.wire import Header, encode
 
 
 class AsyncGossip(Averager):
@@ -35,6 +42,7 @@ class AsyncGossip(Averager):
         self.ignored_stale = 0
         # The coefficients of the latest mix, {"self": a, "<j>": [tau_j, W_ij, c_j]}, for the step log.
         self.last_mix: dict[str, object] = {}
+        self._sent_step = -1  # the local step of the last snapshot we sent
 
     def _close_flush_seconds(self) -> float:
         # Snapshots are best effort, and a neighbour that already finished would never take ours; but a
@@ -65,6 +73,23 @@ class AsyncGossip(Averager):
         snapshot = self._mix_latest()
         self.rounds += 1
         self._send_snapshot(self.rounds, latest_only=True, snapshot=snapshot)
+        self._sent_step = self.local_step
+
+    def _finish(self) -> None:
+        """Send our final model (unless the last snapshot was it), then "bye" with its step: a neighbour
+        still training keeps it in its mix as a model that grows no staler (``LatestMailbox``), instead of
+        dropping it after --max-staleness of its own steps and training the rest alone on its shard."""
+        if self.config.world_size < 2:
+            return
+        if self._sent_step != self.local_step:
+            self._send_snapshot(self.rounds, latest_only=True)
+            self._sent_step = self.local_step
+        dests = [k for k in self.topology.out_neighbors(self.rank, self.rounds) if k not in self.dead]
+        bye = Header(kind="bye", sender=self.rank, round=self.rounds, step=self.local_step)
+        try:
+            self.transport.post(dests, encode(bye), latest_only=False, timeout=self.config.send_timeout)
+        except PeerTimeout:  # a neighbour that takes nothing more: it ages our snapshot out as before
+            log.info("peer %d: no room to say bye to peer(s) %s", self.rank, dests)
 
     def _mix_latest(self) -> list | None:
         """Mix in the held snapshots; returns the copy of the result taken while mixing (None if nothing
@@ -73,7 +98,7 @@ class AsyncGossip(Averager):
         neighbours = {}
         for sender, received in held.items():
             w = float(self.topology.mixing_matrix(received.message.header.round)[self.rank, sender])
-            neighbours[sender] = (w, self.local_step - received.arrival_step)
+            neighbours[sender] = (w, received.staleness(self.local_step))
         self_weight = float(self.topology.mixing_matrix(self.rounds)[self.rank, self.rank])
         cfg = self.config
         self_coef, coefs = stale_weights(self_weight, neighbours, cfg.staleness_weight,
