@@ -279,9 +279,11 @@ def test_a_silent_neighbour_times_out_with_its_rank_named():
         mute.close()
 
 
-def test_async_gossip_never_waits_for_a_dead_neighbour():
-    """Peer 1 starts, mixes once and leaves at once (its hello must still get through); peer 0 keeps
-    stepping without ever waiting, and ages peer 1's last snapshot out."""
+@pytest.mark.parametrize("leaves", ["dies", "finishes"])
+def test_async_gossip_never_waits_for_a_neighbour_that_left(leaves):
+    """Peer 1 starts, mixes once and leaves (its hello must still get through); peer 0 keeps stepping
+    without ever waiting. A peer that dies (closes without finishing) has its last snapshot aged out past
+    max_staleness; one that finishes says bye, and its final model stays in the mix, no staler than then."""
     eps = endpoints(2)
     models = [vector_model(torch.ones(8)), vector_model(torch.zeros(8))]
     options = dict(world_size=2, endpoints=tuple(eps), mode="gossip-async", max_staleness=3, startup_timeout=20)
@@ -292,10 +294,16 @@ def test_async_gossip_never_waits_for_a_dead_neighbour():
         for _ in range(steps):
             averager.step()
             if rank == 0 and averager.local_step == 1:
-                time.sleep(1.5)  # let peer 1 finish and close
-        averager.close()
+                time.sleep(1.5)  # let peer 1 leave
+        if rank == 1 and leaves == "dies":
+            time.sleep(0.3)  # (its snapshot goes out) then it closes as a crash would: no bye
+        averager.close(finish=rank == 0 or leaves == "finishes")
         return averager.statistics()
 
     stats = run_peers(2, peer)[0]
     assert stats["step"] == 50 and stats["wait_seconds"] == 0.0
-    assert stats["ignored_stale"] > 0  # its last snapshot aged past max_staleness and was left out
+    if leaves == "dies":
+        assert stats["ignored_stale"] > 0  # its last snapshot aged past max_staleness and was left out
+    else:
+        assert stats["ignored_stale"] == 0 and set(stats["last_mix"]) == {"self", "1"}
+        assert stats["dead_neighbours"] == []
