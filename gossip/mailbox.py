@@ -35,7 +35,7 @@ class Received:
     def staleness(self, local_step: int) -> int:
         """Our own local steps since it arrived, which stop counting once its sender has finished: the
         sender's model will never be newer than this snapshot, so it grows no staler."""
-        return min(local_step, self.final_step if self.final_step is not None else local_step) - self.arrival_step
+        return (local_step if self.final_step is None else self.final_step) - self.arrival_step
 
 
 class Mailbox:

@@ -84,7 +84,7 @@ class AsyncGossip(Averager):
         if self._sent_step != self.local_step:
             self._send_snapshot(self.rounds, latest_only=True)
             self._sent_step = self.local_step
-        dests = [k for k in self.topology.out_neighbors(self.rank, self.rounds) if k not in self.dead]
+        dests = self._live_out_neighbours(self.rounds)
         bye = Header(kind="bye", sender=self.rank, round=self.rounds, step=self.local_step)
         try:
             self.transport.post(dests, encode(bye), latest_only=False, timeout=self.config.send_timeout)

@@ -268,9 +268,12 @@ class Averager(ABC):
             track = False  # (fresh tensors: nothing of ours is held)
         else:
             frames = encode(header, snapshot)
-        dests = [k for k in self.topology.out_neighbors(self.rank, round) if k not in self.dead]
-        return self.transport.post(dests, frames, latest_only=latest_only, timeout=self.config.send_timeout,
+        return self.transport.post(self._live_out_neighbours(round), frames, latest_only=latest_only, timeout=self.config.send_timeout,
                                    track=track)
+
+    def _live_out_neighbours(self, round: int) -> list[int]:
+        """Whom we send to in ``round``: its out-neighbours not declared dead."""
+        return [k for k in self.topology.out_neighbors(self.rank, round) if k not in self.dead]
 
     def _timed_mix(self) -> _Timer:
         return _Timer(self, "mix_seconds")
