@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from gossip.averagers import AVERAGERS, Averager
+from gossip.averagers import Averager, averager_class
 from gossip.config import CoordinatorConfig, GossipConfig
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
@@ -41,4 +41,4 @@ def attach(model: nn.Module, config: GossipConfig | None = None, coordinator: Co
 
         return PSWorker(flat, config, coordinator or CoordinatorConfig()).start(resume)
     topology = config.build_topology() if config.world_size > 1 else None
-    return AVERAGERS[config.mode](flat, config, topology).start(resume)
+    return averager_class(config)(flat, config, topology).start(resume)

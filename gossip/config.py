@@ -23,6 +23,7 @@ GOSSIP_MODES = ("gossip-sync", "gossip-async")
 PS_MODES = ("ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")  # a parameter server and N workers
 MODES = GOSSIP_MODES + PS_MODES
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
+ASYNC_RULES = ("push-sum", "latest")  # gossip-async: gossip/averagers/pushsum.py, gossip/averagers/asynchronous.py
 SCHEDULES = ("steps", "time")
 WEIGHT_BY = ("none", "samples")
 DEADLINES = ("fixed", "adaptive")
@@ -61,9 +62,10 @@ class GossipConfig:
     partners: str = "any"  # random topology: "similar-speed" prefers partners of the same declared speed class
     peer_speeds: tuple[float, ...] = ()  # declared per-peer speeds (partners "similar-speed"); empty: all 1
     link_latency_ms: tuple[float, ...] = ()  # per-peer emulated one-way latency added to every message
-    staleness_weight: str = "none"  # f(tau): none = 1, inverse = 1/(1+tau), exp = exp(-tau/T)
+    async_rule: str = "push-sum"  # gossip-async: "push-sum" (each message mixed once, mean kept) or "latest"
+    staleness_weight: str = "none"  # async rule "latest": f(tau) = 1 (none), 1/(1+tau) (inverse), exp(-tau/T)
     staleness_temperature: float = 4.0  # T of the exp weighting, in steps
-    max_staleness: int = 20  # snapshots older than this many own steps are ignored (gossip-async)
+    max_staleness: int = 20  # async rule "latest": snapshots older than this many own steps are ignored
     aggregate: str = "mean"  # gossip mixing rule: "mean" (exact, weighted), or a robust "median" / "trimmed-mean"
     trim_fraction: float = 0.2  # trimmed-mean: drop this fraction of the values from each end (at least 1 of 3+)
     byzantine: tuple[int, ...] = ()  # fault injection: these ranks send random finite garbage instead of weights
@@ -89,6 +91,11 @@ class GossipConfig:
             raise ConfigError(
                 f"unknown staleness weight {self.staleness_weight!r}; choose one of: {', '.join(STALENESS_WEIGHTS)}"
             )
+        _check_choice(self, "async_rule", ASYNC_RULES)
+        if self.async_rule == "push-sum" and self.mode == "gossip-async" and self.staleness_weight != "none":
+            raise ConfigError(f"--staleness-weight {self.staleness_weight} weights held snapshots by age, which "
+                              "push-sum has none of (each message is mixed once, when it arrives); add "
+                              "--async-rule latest to mix the latest snapshot of each neighbour by age instead")
         _check_choice(self, "schedule", SCHEDULES)
         _check_choice(self, "weight_by", WEIGHT_BY)
         _check_choice(self, "deadline", DEADLINES)
@@ -356,6 +363,9 @@ def _check_aggregate(cfg: GossipConfig) -> None:
     if cfg.aggregate != "mean" and (cfg.weight_by != "none" or cfg.deadline != "fixed"):
         raise ConfigError(f"{robust} cannot be combined with --weight-by samples or --deadline adaptive: their "
                           "push-sum masses assume a linear mean (mass carried between rounds), which a median breaks")
+    if cfg.aggregate != "mean" and cfg.mode == "gossip-async" and cfg.async_rule == "push-sum":
+        raise ConfigError(f"{robust} in gossip-async needs --async-rule latest (a median of the neighbours' latest "
+                          "models; push-sum's masses assume a linear mean)")
     if cfg.aggregate != "mean" and cfg.staleness_weight != "none":
         raise ConfigError(f"{robust} counts each snapshot once, so --staleness-weight does not apply; use "
                           "--max-staleness to leave out old snapshots")

@@ -305,20 +305,24 @@ class MassMailbox(Mailbox):
                 self._cond.wait(min(open_deadlines) - now)
 
     def wait_counts(self, expected: dict[int, int], idle_timeout: float) -> None:
-        """Wait until ``expected[j]`` messages came from each j; PeerTimeout when none of the missing
-        senders delivered anything for ``idle_timeout`` seconds (a slow peer still making progress is
-        waited for, a stopped one is not)."""
+        """Wait until ``expected[j]`` messages came from each j (see ``_wait_progress``)."""
+        self._wait_progress(lambda: {j for j, count in expected.items()
+                                     if self.received[j] < count and j not in self._dead() | self.unreliable},
+                            idle_timeout)
+
+    def _wait_progress(self, missing: Callable[[], set[int]], idle_timeout: float) -> None:
+        """Wait until ``missing()`` is empty; PeerTimeout when none of the missing senders delivered anything
+        for ``idle_timeout`` seconds (a slow peer still making progress is waited for, a stopped one is not)."""
         with self._cond:
             progress, last_change = None, time.monotonic()
-            while missing := {j for j, count in expected.items()
-                              if self.received[j] < count and j not in self._dead() | self.unreliable}:
+            while left := missing():
                 now = time.monotonic()
-                seen = sum(self.received[j] for j in missing)
+                seen = (sum(self.received[j] for j in left), len(self._finished))
                 if seen != progress:
                     progress, last_change = seen, now
                 elif now - last_change >= idle_timeout:
-                    raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {_ranks(missing)} for "
-                                      f"{idle_timeout:g} s while waiting for their last rounds (--round-timeout)")
+                    raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {_ranks(left)} for "
+                                      f"{idle_timeout:g} s while waiting for their last messages (--round-timeout)")
                 self._cond.wait(min(0.5, idle_timeout - (now - last_change)))
 
     def take_all(self) -> dict[int, Mass]:
@@ -330,6 +334,46 @@ class MassMailbox(Mailbox):
         with self._cond:
             arrivals, self._arrivals = self._arrivals, []
             return arrivals
+
+
+class PushSumMailbox(MassMailbox):
+    """Asynchronous push-sum gossip: a ``MassMailbox`` whose senders say "bye" when they finish, with
+    ``round`` one past the last round they sent us (0: none). A finished peer drains: it waits until every
+    in-neighbour's bye is in and that neighbour's last message with it, so every message is mixed exactly
+    once and no mass is lost at the end. A sender that said bye and then disconnected is finished, not dead."""
+
+    accepts = frozenset({"hello", "params", "welcome", "bye"})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bye_rounds: dict[int, int] = {}  # sender -> rounds it sent us in all (from its bye)
+
+    def _restart(self, sender: int) -> None:
+        super()._restart(sender)
+        self.bye_rounds.pop(sender, None)
+        self._finished.discard(sender)
+
+    def _file(self, message: Message) -> None:
+        header = message.header
+        sender = header.sender
+        if header.kind == "hello" or (header.kind != "bye" and sender not in self.bye_rounds):
+            super()._file(message)
+            return
+        if sender in self.bye_rounds:
+            raise ProtocolError("after-bye", f"a {header.kind} from peer {sender} after its bye")
+        if header.round <= self.latest_round.get(sender, -1):
+            raise ProtocolError("bye", f"peer {sender}'s bye counts {header.round} rounds, but it already sent "
+                                       f"us round {self.latest_round[sender]}")
+        self.bye_rounds[sender] = header.round
+        self._finished.add(sender)
+
+    def wait_drained(self, senders: Iterable[int], idle_timeout: float) -> None:
+        """Wait until each of ``senders`` said bye and its last round is in (dead ones are not waited for);
+        PeerTimeout when none of the missing senders delivered anything for ``idle_timeout`` seconds: a
+        slow neighbour still training is waited for, a stopped one is not."""
+        senders = set(senders)
+        self._wait_progress(lambda: {j for j in senders - self._dead() if j not in self.bye_rounds
+                                     or self.latest_round.get(j, -1) + 1 < self.bye_rounds[j]}, idle_timeout)
 
 
 class LatestMailbox(Mailbox):

@@ -182,6 +182,22 @@ class Transport:
                          f"queueing a message for peer(s) {', '.join(map(str, dests))}")
         return delivery
 
+    def offer(self, dests: Sequence[int], frames: list[Any], timeout: float) -> list[int]:
+        """Queue ``frames`` for each rank in ``dests`` whose queue is empty (its previous message is already
+        with ZeroMQ), never waiting for room; returns the ranks it queued for. Push-sum gossip keeps the
+        mass of a message it could not queue, where replacing an unsent message would lose that one's."""
+        self.raise_if_failed()
+        return self._thread.run(self._offer(dests, frames), timeout, "offering a message to the event loop")
+
+    async def _offer(self, dests: Sequence[int], frames: list[Any]) -> list[int]:
+        taken = []
+        for dest in dests:
+            queue = self._outbox(dest).queue
+            if queue.empty():
+                queue.put_nowait((time.monotonic() + self._delays[dest], frames, False, None))
+                taken.append(dest)
+        return taken
+
     def _post_latest(self, dests: Sequence[int], frames: list[Any]) -> None:
         for dest in dests:
             queue = self._outbox(dest).queue

@@ -62,9 +62,14 @@ FLAGS: list[tuple[str, str, str]] = [
                                                    "deadlines is reported as a chronic straggler"),
     ("--partners", "partners", "random topology partner choice: " + " or ".join(PARTNERS)
                                + " (similar-speed: mostly within --speeds classes)"),
-    ("--staleness-weight", "staleness_weight", "gossip-async weight f(tau): " + ", ".join(STALENESS_WEIGHTS)),
+    ("--async-rule", "async_rule", "gossip-async mixing: push-sum (default: every message mixed once, the "
+                                   "network's weighted mean kept exactly, progress at the full learning rate) or "
+                                   "latest (each neighbour's latest snapshot mixed at every step, renormalised, "
+                                   "weighted by age with --staleness-weight; does not keep the mean)"),
+    ("--staleness-weight", "staleness_weight", "--async-rule latest: weight f(tau) of a snapshot tau own steps "
+                                               "old: " + ", ".join(STALENESS_WEIGHTS)),
     ("--staleness-temperature", "staleness_temperature", "T in f(tau) = exp(-tau/T), in steps"),
-    ("--max-staleness", "max_staleness", "gossip-async ignores snapshots older than this many own steps"),
+    ("--max-staleness", "max_staleness", "--async-rule latest ignores snapshots older than this many own steps"),
     ("--aggregate", "aggregate", "gossip mixing rule: " + ", ".join(AGGREGATES) + " (median, trimmed-mean: "
                                  "coordinate-wise over own and neighbours' models, robust to a neighbour sending "
                                  "garbage; not with --weight-by samples or --deadline adaptive)"),

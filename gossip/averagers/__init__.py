@@ -1,9 +1,17 @@
-"""Averagers by mode name."""
+"""Averagers by mode name (and, for gossip-async, by ``async_rule``)."""
 
 from gossip.averagers.asynchronous import AsyncGossip
 from gossip.averagers.base import Averager
+from gossip.averagers.pushsum import AsyncPushSum
 from gossip.averagers.sync import SyncGossip
+from gossip.config import GossipConfig
 
-AVERAGERS: dict[str, type[Averager]] = {"gossip-sync": SyncGossip, "gossip-async": AsyncGossip}
 
-__all__ = ["AVERAGERS", "Averager", "AsyncGossip", "SyncGossip"]
+def averager_class(config: GossipConfig) -> type[Averager]:
+    """The averager of a gossip mode: gossip-async is push-sum unless ``async_rule`` is "latest"."""
+    if config.mode == "gossip-async":
+        return AsyncGossip if config.async_rule == "latest" else AsyncPushSum
+    return SyncGossip
+
+
+__all__ = ["Averager", "AsyncGossip", "AsyncPushSum", "SyncGossip", "averager_class"]

@@ -259,17 +259,20 @@ class Averager(ABC):
         round's out-neighbours, with push-sum mass ``weight``; with ``track``, return the transport's
         ``Delivery`` of it."""
         snapshot = snapshot if snapshot is not None else self.flat.snapshot()
+        frames = self._snapshot_frames(round, snapshot, weight)
+        track = track and self.rank not in self.config.byzantine  # (garbage is fresh tensors: nothing of ours held)
+        return self.transport.post(self._live_out_neighbours(round), frames, latest_only=latest_only,
+                                   timeout=self.config.send_timeout, track=track)
+
+    def _snapshot_frames(self, round: int, snapshot: list, weight: float) -> list:
+        """The frames of a "params" message carrying ``snapshot`` with push-sum mass ``weight``."""
         header = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
                                step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second,
                                step_seconds=self.speed.step_seconds, weight=weight)
         if self.rank in self.config.byzantine:  # fault injection: the wire gets garbage, our own model is kept
             seed = (self.config.seed * 1_000_003 + self.rank) * 1_000_003 + round
-            frames = encode(header, byzantine_garbage(snapshot, self.config.byzantine_scale, seed))
-            track = False  # (fresh tensors: nothing of ours is held)
-        else:
-            frames = encode(header, snapshot)
-        return self.transport.post(self._live_out_neighbours(round), frames, latest_only=latest_only, timeout=self.config.send_timeout,
-                                   track=track)
+            return encode(header, byzantine_garbage(snapshot, self.config.byzantine_scale, seed))
+        return encode(header, snapshot)
 
     def _live_out_neighbours(self, round: int) -> list[int]:
         """Whom we send to in ``round``: its out-neighbours not declared dead."""

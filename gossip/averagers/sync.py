@@ -96,7 +96,7 @@ class SyncGossip(Averager):
         def share(sender: int, round: int) -> float:
             return float(self.topology.mixing_matrix(round)[self.rank, sender])
 
-        if self.config.deadline == "adaptive":
+        if self.adaptive:
             return MassMailbox(self.rank, self.config.world_size, self.flat.layout, expects, share)
         return RoundMailbox(self.rank, self.config.world_size, self.flat.layout, expects,
                             window=max(2, self.config.world_size))
@@ -159,7 +159,7 @@ class SyncGossip(Averager):
         first = self._rejoin_gossip(found)
         rejoin = max((h.round for h in first.values()), default=self.rounds)
         rejoin = max(rejoin, self.rounds)
-        if self.config.deadline == "fixed":
+        if not self.adaptive:
             for j, header in first.items():
                 for round in range(header.round, rejoin):
                     if j in self.topology.out_neighbors(self.rank, round):
@@ -197,6 +197,9 @@ class SyncGossip(Averager):
             return snapshot
         total = keep * own_weight + sum(mass for mass, _ in arrived)
         self._release_sent()
+        if total <= 0.0:  # no mass left (gossip-async: it all flowed to finished neighbours): z stays as it is
+            self.weight, self.rounds = 0.0, round + 1
+            return self.flat.snapshot() if take_snapshot else None
         if own is None:  # we sent the live weights, so s_i = z_i: x_i = W_ii w_i z_i + sum_j m_j s_j
             scale = keep * own_weight / total
             terms = [(scale - 1.0, list(self.flat.views()))] if scale != 1.0 else []
@@ -264,6 +267,6 @@ class SyncGossip(Averager):
         stats = {**super().statistics(), "weight": self.weight}
         if not self.config.overlap:
             stats["relocated"] = self.relocated
-        if self.adaptive:
+        if self.config.deadline == "adaptive":
             stats.update(self.deadlines.statistics(), late_mixed=self.late_mixed)
         return stats

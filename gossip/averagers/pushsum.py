@@ -1,0 +1,137 @@
+"""Asynchronous gossip as push-sum, the default rule of ``gossip-async``: no barrier, no peer ever waits for
+another while it trains, every message is mixed exactly once, and the network's weighted average is kept
+exactly, by construction. This is overlap SGP (Assran et al., "Stochastic Gradient Push for Distributed
+Deep Learning", ICML 2019) without its bound on delay, i.e. asynchronous gradient push (Assran & Rabbat,
+"Asynchronous Gradient Push", IEEE TAC 2020).
+
+Every peer holds a model z_i and a push-sum weight w_i; x_i = w_i z_i is its part of the network's mass.
+At each mixing point (every ``gossip_every`` steps, or every round of ``--schedule time``) it adds
+whatever arrived since the last one, a message from j carrying the mass m_j = W_ij w_j^s of j's snapshot
+s_j (all that j pushed to us meanwhile, merged on arrival: ``MassMailbox``), credits the local progress
+made since its own last snapshot s_i with its whole weight, and keeps the share k of that snapshot's mass:
+
+    x_i = w_i^s z_i - (1 - k) w_i^s s_i + sum_j m_j s_j,    w_i = k w_i^s + sum_j m_j,    z_i = x_i / w_i
+
+then takes the next snapshot s_i = z_i, w_i^s = w_i and pushes it to its out-neighbours. Exactly the
+formula of ``SyncGossip`` with overlap; what differs is that nothing is waited for: what has not arrived
+is mixed at a later mixing point, whenever it comes.
+
+- **Mass is kept.** k = W_ii plus the shares W_ki of the out-neighbours the snapshot was *not* queued
+  for: a dead one, or one whose previous message still waits in our outbox (a slow link). Sending never
+  blocks and never replaces an unsent message (which would lose its mass): the share stays with us and
+  leaves with a later snapshot. So sum_i w_i plus the mass in flight is N at every moment and the weighted
+  mean sum_i x_i / sum_i w_i moves only by local progress.
+- **No drag.** Progress is credited with the whole weight w_i^s, not the kept share: with equal speeds
+  every w_i stays about 1 and the mean model moves at the learning rate it was given. (Mixing the
+  latest snapshot of each neighbour instead, ``--async-rule latest``, overwrites the share 1 - W_ii of each
+  step with older snapshots: the mean then moves at about W_ii times the learning rate.)
+- **Heterogeneous rates.** A peer s times slower receives s times as many messages per own step as it
+  sends, so its weight settles near s times a fast peer's: each of its steps is credited s times as much,
+  and every peer's data counts equally per unit of wall time (the rate compensation Assran & Rabbat add by
+  hand in AGP falls out of crediting the whole weight). Its snapshots are mixed once each, not once per
+  step of the faster neighbours.
+- **The end.** A peer that has done its steps says "bye" to every peer it may have sent to, naming the
+  number of rounds it sent that peer (one past the last), and drains: it waits until every in-neighbour
+  said bye and its last message is in, mixing everything that arrives. Peers still training keep pushing
+  to it (so mass flows out of a peer that trains on alone, and its last steps weigh less and less), and
+  nothing is lost: the final (z_i, w_i) of all peers hold exactly the network's mass, whose weighted
+  average is the run's model (``model-final.pt``). A finishing peer waits only for its neighbours' last
+  messages, never while it trains.
+- **Dead neighbours** (``peer_timeout``) as in gossip-sync: not waited for, not sent to, their share kept;
+  their mass at death is lost and the survivors' weights renormalise. A restarted one rejoins with its
+  checkpoint's mass (``SyncGossip._rejoin``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from gossip.averagers.sync import SyncGossip
+from gossip.errors import PeerTimeout
+from gossip.mailbox import PushSumMailbox
+from gossip.wire import Header, encode
+
+
+class AsyncPushSum(SyncGossip):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._last_sent: dict[int, int] = {}  # out-neighbour -> the last round we queued a snapshot for it
+        self._heard_at_send: dict[int, int] = {}  # out-neighbour -> messages we had from it when we last sent
+        self.held_back: Counter[int] = Counter()  # out-neighbour -> snapshots not sent (flow control)
+
+    @property
+    def adaptive(self) -> bool:  # (the mass mailbox, mass carried between mixing points, no anchored rounds)
+        return True
+
+    def _make_mailbox(self) -> PushSumMailbox:
+        def expects(sender: int, round: int) -> bool:
+            return sender in self.topology.in_neighbors(self.rank, round)
+
+        def share(sender: int, round: int) -> float:
+            return float(self.topology.mixing_matrix(round)[self.rank, sender])
+
+        return PushSumMailbox(self.rank, self.config.world_size, self.flat.layout, expects, share)
+
+    def _gossip(self) -> None:
+        self._prune_dead()
+        snapshot = self._complete_round(take_snapshot=True, final=False)
+        if snapshot is None:  # the first mixing point
+            snapshot = self.flat.snapshot()
+        round = self.rounds
+        frames = self._snapshot_frames(round, snapshot, self.weight)
+        dests = self._live_out_neighbours(round)
+        heard = {k: self.mailbox.received[k] for k in dests}  # (before sending: what arrives later is newer)
+        ready = [k for k in dests if self._answered(k, round, heard[k])]
+        sent = self.transport.offer(ready, frames, self.config.send_timeout) if ready else []
+        for dest in dests:
+            if dest in sent:
+                self._last_sent[dest] = round
+                self._heard_at_send[dest] = heard[dest]
+            else:
+                self.held_back[dest] += 1
+        column = self.topology.mixing_matrix(round)[:, self.rank]
+        keep = 1.0 - sum(float(column[k]) for k in sent)
+        self._pending = (round, snapshot, self.weight, keep)
+
+    def _answered(self, dest: int, round: int, heard: int) -> bool:
+        """Flow control: send to ``dest`` again only once it has sent us something since our last message to
+        it (it is stepping, so that message is mixed at its next step), where it sends to us at all. A
+        neighbour that has not started yet, or a slow one, thus holds at most one message of ours: our mass
+        stays with us and our steps are credited with it, instead of piling up unmixed in its mailbox."""
+        if dest not in self._heard_at_send or dest not in self.topology.in_neighbors(self.rank, round):
+            return True
+        return heard > self._heard_at_send[dest]
+
+    def _receive(self, round: int, final: bool) -> list[tuple[float, list]]:
+        """Everything that arrived; at the end (``final``), first every in-neighbour's last message."""
+        if final:
+            with self._timed_wait():
+                self.mailbox.wait_drained(self._peers_in_any_round(), self.config.round_timeout)
+        return [(held.mass, held.chunks) for held in self.mailbox.take_all().values()]
+
+    def _finish(self) -> None:
+        """Say bye to everyone we may have sent to, then drain: mix in every in-neighbour's last messages."""
+        if self.config.world_size < 2:
+            return
+        for dest in self._peers_in_any_round():
+            if dest in self.dead:
+                continue
+            bye = Header(kind="bye", sender=self.rank, round=self._last_sent.get(dest, -1) + 1, step=self.local_step)
+            try:
+                self.transport.post([dest], encode(bye), latest_only=False, timeout=self.config.send_timeout)
+            except PeerTimeout:  # its outbox stayed full: it no longer reads, so it will not wait for this
+                self.transport.forget(dest)
+        if self._pending is None:  # no mixing point yet: only what arrived is added
+            self._pending = (self.rounds - 1, None, self.weight, 1.0)
+        self._complete_round(take_snapshot=False, final=True)
+
+    def _peers_in_any_round(self) -> tuple[int, ...]:
+        """Everyone we may exchange with (every other peer on a time-varying graph)."""
+        return self._rejoin_peers()
+
+    def _close_flush_seconds(self) -> float:
+        return self.config.shutdown_timeout  # the byes must arrive: the neighbours wait for them
+
+    def statistics(self) -> dict:
+        return {**super().statistics(), "received": sum(self.mailbox.received.values()),
+                "held_back": {str(k): n for k, n in sorted(self.held_back.items())}}
