@@ -114,3 +114,12 @@ def dies(ctx: TaskContext) -> Task:
     dying = os.environ.get("GOSSIP_TEST_DIE") == "1" or \
         str(ctx.rank) in os.environ.get("GOSSIP_TEST_DYING_RANKS", "").split(",")
     return _dies_at(task, 20, 3) if dying else task
+
+
+def constant_gradient(ctx: TaskContext) -> Task:
+    """Peer r's vector starts at r and its loss is the sum of its entries: every gradient is all ones, so
+    plain SGD moves the network's mean model by exactly ``lr`` per step and coordinate."""
+    model = Vector(torch.full((ctx.dim,), float(ctx.rank), dtype=torch.float64))
+    model.value.requires_grad_(True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
+    return Task(model, loss=lambda: model.value.sum(), evaluate=lambda: {}, optimizer=optimizer)

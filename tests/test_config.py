@@ -103,7 +103,7 @@ def test_boundary_values_are_accepted():
 def test_json_round_trip_gives_an_equal_object():
     cfg = RunConfig(nodes=3, task="consensus", steps=17, out="runs/x", speeds=(1.0, 0.5, 0.25), compute_ms=2.5,
                     lr=0.1, momentum=0.0, gossip=GossipConfig(
-                        rank=2, world_size=3, mode="gossip-async", staleness_weight="exp", staleness_temperature=2.0,
+                        rank=2, world_size=3, mode="gossip-async", async_rule="latest", staleness_weight="exp", staleness_temperature=2.0,
                         endpoints=("tcp://a:1", "tcp://b:2", "tcp://c:3"), chunk_mb=0.5, gossip_every=3))
     again = RunConfig.from_dict(json.loads(cfg.to_json()))
     assert again == cfg
@@ -135,8 +135,11 @@ def test_json_round_trip_keeps_the_aggregation_options():
     ({"trim_fraction": 0.0}, "--trim-fraction must be in (0, 0.5), got 0.0"),
     ({"aggregate": "median", "weight_by": "samples"}, "--aggregate median cannot be combined with --weight-by samples"),
     ({"aggregate": "trimmed-mean", "deadline": "adaptive"}, "push-sum masses assume a linear mean"),
-    ({"aggregate": "median", "mode": "gossip-async", "staleness_weight": "inverse"},
+    ({"aggregate": "median", "mode": "gossip-async", "async_rule": "latest", "staleness_weight": "inverse"},
      "--staleness-weight does not apply; use --max-staleness"),
+    ({"aggregate": "median", "mode": "gossip-async"}, "--aggregate median in gossip-async needs --async-rule latest"),
+    ({"mode": "gossip-async", "staleness_weight": "inverse"}, "add --async-rule latest"),
+    ({"async_rule": "newest"}, "--async-rule 'newest' is not valid; choose one of: push-sum, latest"),
     ({"aggregate": "median", "mode": "ps-sync"}, "--aggregate median applies to the gossip modes"),
     ({"aggregate": "median", "world_size": 2}, "--aggregate median needs at least 2 neighbours per peer"),
     ({"aggregate": "median", "topology": "exponential"}, "--topology exponential with --nodes 6 gives peer 0 1"),
@@ -152,9 +155,10 @@ def test_invalid_aggregation_options(fields, expected):
 
 
 def test_robust_aggregation_is_accepted_where_it_applies():
-    for mode in ("gossip-sync", "gossip-async"):
+    for mode, rule in (("gossip-sync", "push-sum"), ("gossip-async", "latest")):
         for topology in ("ring", "torus", "random", "full"):
-            GossipConfig(world_size=6, mode=mode, topology=topology, aggregate="median", byzantine=(0, 5))
+            GossipConfig(world_size=6, mode=mode, async_rule=rule, topology=topology, aggregate="median",
+                         byzantine=(0, 5))
     GossipConfig(world_size=3, aggregate="trimmed-mean", trim_fraction=0.49)
 
 

@@ -56,7 +56,8 @@ def test_time_rounds_give_faster_peers_more_local_steps(launch_run):
 @pytest.mark.parametrize("kind", ["exp", "inverse"])
 def test_async_staleness_weights_follow_the_configured_function(launch_run, kind):
     temperature, max_staleness = 2.0, 2
-    run = launch_run("--mode", "gossip-async", "--task", "consensus", "--dim", "16", "--steps", "60",
+    run = launch_run("--mode", "gossip-async", "--async-rule", "latest", "--task", "consensus", "--dim", "16",
+                     "--steps", "60",
                      "--speeds", "1,1,1,0.3", "--compute-ms", "5", "--staleness-weight", kind,
                      "--staleness-temperature", str(temperature), "--max-staleness", str(max_staleness), nodes=4)
     w = topologies.build("ring", 4).mixing_matrix(0)

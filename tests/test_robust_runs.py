@@ -35,7 +35,8 @@ def test_with_the_mean_one_byzantine_peer_ruins_every_honest_peer(launch_run):
     ("median", "torus", "gossip-async", 300),
 ])
 def test_robust_aggregation_keeps_the_honest_peers_training(launch_run, aggregate, topology, mode, steps):
-    run = launch_run("--topology", topology, "--mode", mode, "--steps", str(steps), "--aggregate", aggregate,
+    rule = ("--async-rule", "latest") if mode == "gossip-async" else ()
+    run = launch_run("--topology", topology, "--mode", mode, *rule, "--steps", str(steps), "--aggregate", aggregate,
                      "--byzantine", str(BYZANTINE), nodes=NODES)
     summary = run.summary
     assert summary["byzantine"] == [BYZANTINE] and summary["aggregate"] == aggregate

@@ -66,8 +66,8 @@ def test_sync_ring_digits_trains_without_overlap_over_tcp(launch_run):
 
 
 def test_async_with_a_slow_peer_finishes_and_logs_staleness(launch_run):
-    run = launch_run("--mode", "gossip-async", "--speeds", "1,1,1,0.3", "--steps", "150", "--compute-ms", "2",
-                     "--staleness-weight", "inverse", nodes=4)
+    run = launch_run("--mode", "gossip-async", "--async-rule", "latest", "--speeds", "1,1,1,0.3", "--steps", "150",
+                     "--compute-ms", "2", "--staleness-weight", "inverse", nodes=4)
     summary = run.summary
     assert all(p["steps"] == 150 for p in summary["peers"])
     histograms = [p["staleness"] for p in summary["peers"]]

@@ -286,7 +286,8 @@ def test_async_gossip_never_waits_for_a_neighbour_that_left(leaves):
     max_staleness; one that finishes says bye, and its final model stays in the mix, no staler than then."""
     eps = endpoints(2)
     models = [vector_model(torch.ones(8)), vector_model(torch.zeros(8))]
-    options = dict(world_size=2, endpoints=tuple(eps), mode="gossip-async", max_staleness=3, startup_timeout=20)
+    options = dict(world_size=2, endpoints=tuple(eps), mode="gossip-async", async_rule="latest", max_staleness=3,
+                   startup_timeout=20)
 
     def peer(rank: int):
         averager = gossip.attach(models[rank], rank=rank, **options)

@@ -78,29 +78,38 @@ class AsyncPushSum(SyncGossip):
         if snapshot is None:  # the first mixing point
             snapshot = self.flat.snapshot()
         round = self.rounds
-        frames = self._snapshot_frames(round, snapshot, self.weight)
         dests = self._live_out_neighbours(round)
         heard = {k: self.mailbox.received[k] for k in dests}  # (before sending: what arrives later is newer)
         ready = [k for k in dests if self._answered(k, round, heard[k])]
-        sent = self.transport.offer(ready, frames, self.config.send_timeout) if ready else []
-        for dest in dests:
-            if dest in sent:
-                self._last_sent[dest] = round
-                self._heard_at_send[dest] = heard[dest]
-            else:
-                self.held_back[dest] += 1
+        pings = [k for k in ready if heard[k] == 0 and self._answers_us(k, round)]
+        sent = []  # the out-neighbours that got our mass
+        for weight, group in ((self.weight, [k for k in ready if k not in pings]), (0.0, pings)):
+            if group:
+                taken = self.transport.offer(group, self._snapshot_frames(round, snapshot, weight),
+                                             self.config.send_timeout)
+                sent += taken if weight else []
+                for dest in taken:
+                    self._last_sent[dest], self._heard_at_send[dest] = round, heard[dest]
+        self.held_back.update(k for k in dests if k not in sent)
         column = self.topology.mixing_matrix(round)[:, self.rank]
         keep = 1.0 - sum(float(column[k]) for k in sent)
         self._pending = (round, snapshot, self.weight, keep)
 
     def _answered(self, dest: int, round: int, heard: int) -> bool:
         """Flow control: send to ``dest`` again only once it has sent us something since our last message to
-        it (it is stepping, so that message is mixed at its next step), where it sends to us at all. A
-        neighbour that has not started yet, or a slow one, thus holds at most one message of ours: our mass
-        stays with us and our steps are credited with it, instead of piling up unmixed in its mailbox."""
-        if dest not in self._heard_at_send or dest not in self.topology.in_neighbors(self.rank, round):
+        it (it is stepping, so that message is mixed at its next step), where it sends to us at all. A slow
+        neighbour thus holds at most one message of ours, and our mass stays with us and is credited with
+        our steps instead of piling up unmixed in its mailbox. Until we have heard from it at all (it may not
+        be stepping yet) our message is a massless ping. A neighbour that finished drains whatever it gets:
+        sending to it every time lets the mass of a peer that trains on alone flow out, so that its last
+        steps, on its shard alone, weigh less and less in the network's model."""
+        if (dest in self.mailbox.bye_rounds or dest not in self._heard_at_send
+                or not self._answers_us(dest, round)):
             return True
         return heard > self._heard_at_send[dest]
+
+    def _answers_us(self, dest: int, round: int) -> bool:
+        return dest in self.topology.in_neighbors(self.rank, round)
 
     def _receive(self, round: int, final: bool) -> list[tuple[float, list]]:
         """Everything that arrived; at the end (``final``), first every in-neighbour's last message."""

@@ -1,0 +1,90 @@
+"""gossip-async's push-sum rule, checked by exact invariants on real peer processes: the network's mass and
+weighted mean are kept, local progress moves the mean at the full learning rate, and a message is mixed once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import gossip
+from tests.test_transport import endpoints, run_peers, vector_model
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def final_state(run, nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each peer's final push-sum weight and model vector."""
+    weights, models = [], []
+    for rank in range(nodes):
+        end = next(e for e in run.events(rank) if e["event"] == "end")
+        weights.append(end["weight"])
+        models.append(next(iter(torch.load(run.out / f"model-{rank}.pt", weights_only=True).values())))
+    return torch.tensor(weights, dtype=torch.float64), torch.stack(models).to(torch.float64)
+
+
+def weighted_mean(weights: torch.Tensor, models: torch.Tensor) -> torch.Tensor:
+    return (weights[:, None] * models).sum(0) / weights.sum()
+
+
+def test_mass_and_mean_are_kept_on_a_ring_of_8_with_a_slow_peer(launch_run):
+    """Peer r starts at r: after the run drains, the weights sum to N and the weighted mean is still
+    (N - 1) / 2, so the slow peer's value counts exactly 1/N, however often its neighbours sent."""
+    nodes = 8
+    run = launch_run("--mode", "gossip-async", "--task", "tests.tasks:rank_value", "--dim", "8", "--steps", "40",
+                     "--speeds", "1,1,1,1,1,1,1,0.25", "--compute-ms", "5", nodes=nodes)
+    weights, models = final_state(run, nodes)
+    assert weights.sum().item() == pytest.approx(nodes, rel=1e-9)
+    assert torch.allclose(weighted_mean(weights, models), torch.full((8,), (nodes - 1) / 2, dtype=torch.float64),
+                          rtol=1e-9, atol=0)
+    assert all(p["dropped"] == {} for p in run.summary["peers"])
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: progress is credited with the sender's whole snapshot weight "
+                   "(as in synchronous overlap SGP), but an asynchronous receiver may absorb the pushed share before "
+                   "the sender's step ends, so that share is credited twice for the overlap: the mean moved 1.24x "
+                   "lr per step here (0.742 for 0.6). SGP's unscaled credit (x -= lr g) is exact but amplifies a "
+                   "light peer's steps by 1/w; see the closing note of this change")
+def test_local_progress_moves_the_mean_at_the_full_learning_rate(launch_run):
+    """Every gradient is all ones: with equal speeds the weighted mean ends lr * steps below where it began,
+    within 1% (what is in flight between two peers' mixes gets no credit for the steps it spends there)."""
+    nodes, steps, lr = 4, 60, 0.01
+    run = launch_run("--mode", "gossip-async", "--task", "tests.tasks:constant_gradient", "--dim", "4",
+                     "--steps", str(steps), "--lr", str(lr), "--momentum", "0", "--compute-ms", "10", nodes=nodes)
+    weights, models = final_state(run, nodes)
+    assert weights.sum().item() == pytest.approx(nodes, rel=1e-9)
+    moved = (nodes - 1) / 2 - weighted_mean(weights, models)
+    assert torch.allclose(moved, torch.full_like(moved, lr * steps), rtol=0.01, atol=0), moved
+
+
+def test_a_message_is_mixed_once():
+    """Peer 1 steps a few times and stops stepping (without closing); peer 0 keeps stepping. Between two of
+    peer 0's steps in which nothing arrived its model stays exactly where it was: nothing is mixed twice."""
+    eps = endpoints(2)
+    models = [vector_model(torch.zeros(8)), vector_model(torch.ones(8))]
+    options = dict(world_size=2, endpoints=tuple(eps), mode="gossip-async", startup_timeout=20, round_timeout=20)
+    history: list[tuple[int, torch.Tensor]] = []
+
+    def peer(rank: int):
+        averager = gossip.attach(models[rank], rank=rank, **options)
+        for step in range(5 if rank == 1 else 40):
+            if rank == 1:  # each of its steps follows a message of peer 0's, so it sends mass, not pings
+                deadline = time.monotonic() + 10
+                while averager.mailbox.received[0] <= step and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            averager.step()
+            if rank == 0:
+                history.append((averager.mailbox.received[1], models[0].value.detach().clone()))
+                time.sleep(0.005)  # (pacing only: peer 1 stops stepping while peer 0 goes on)
+        averager.close()
+        return averager.statistics()
+
+    stats = run_peers(2, peer)
+    assert stats[0]["step"] == 40
+    moves = [(before, after) for before, after in zip(history, history[1:]) if before[0] == after[0]]
+    assert moves, "peer 0 had steps in which nothing arrived"
+    assert all(torch.equal(before[1], after[1]) for before, after in moves)
+    changed = sum(not torch.equal(a[1], b[1]) for a, b in zip(history, history[1:]))
+    assert 0 < changed <= stats[0]["received"]  # it did mix what came, once each
+    assert sum(s["weight"] for s in stats) == pytest.approx(2.0, rel=1e-12), stats
