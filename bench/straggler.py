@@ -10,7 +10,9 @@ scaled by 1 / speed, so the slow peer's step takes four times as long). The rows
 - ``gossip-sync, fixed wait``: D-PSGD; each round waits for every neighbour (up to ``--round-timeout``).
 - ``gossip-sync, adaptive deadlines``: waits per neighbour at most median + k * MAD of its lateness and not
   at all for a neighbour that reports a slower pace; late messages are mixed when they come (push-sum).
-- ``gossip-async, staleness 1/(1+tau)``: never waits; a snapshot tau own steps old counts 1 / (1 + tau).
+- ``gossip-async (push-sum)``: never waits; every message is mixed once, the weighted mean is kept.
+- ``gossip-async, latest rule, staleness 1/(1+tau)``: never waits; each neighbour's latest snapshot, tau own
+  steps old, counts 1 / (1 + tau) at every step (``--async-rule latest``).
 - ``time rounds, adaptive, by samples``: rounds of ``--round-seconds``; each peer does as many steps as fit,
   with adaptive deadlines and push-sum mass proportional to the samples of the round. Run for as many
   rounds as make its total samples about the other rows' (the table shows the real total).
@@ -62,7 +64,9 @@ def variants(args: argparse.Namespace, nodes: int) -> dict[str, list[str]]:
     return {
         "gossip-sync, fixed wait": [],
         "gossip-sync, adaptive deadlines": ["--deadline", "adaptive"],
-        "gossip-async, staleness 1/(1+tau)": ["--mode", "gossip-async", "--staleness-weight", "inverse"],
+        "gossip-async (push-sum)": ["--mode", "gossip-async"],
+        "gossip-async, latest rule, staleness 1/(1+tau)": ["--mode", "gossip-async", "--async-rule", "latest",
+                                                            "--staleness-weight", "inverse"],
         f"time rounds of {args.round_seconds:g} s, adaptive, by samples": [
             "--schedule", "time", "--round-seconds", str(args.round_seconds), "--rounds", str(rounds),
             "--deadline", "adaptive", "--weight-by", "samples"],
