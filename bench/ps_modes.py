@@ -62,6 +62,9 @@ def run(variant: str, workers: int, seed: int, args: argparse.Namespace, out: Pa
     steps = args.samples // args.batch_size // nodes
     command = [sys.executable, "-m", "launch", "--nodes", str(nodes), "--steps", str(steps), "--task", args.task,
                "--lr", str(args.lr), "--momentum", "0", "--batch-size", str(args.batch_size), "--seed", str(seed),
+               # plain SGD at --lr per gradient on the server, as in the paper (not the launcher's "auto" rule,
+               # which would divide the lr by N and so remove the staleness damage this benchmark measures)
+               "--server-lr", str(args.lr), "--server-momentum", "0",
                "--compute-ms", str(args.compute_ms), *(["--speeds", speeds(nodes)] if args.heterogeneous else []), "--eval-every", str(args.eval_every),
                "--out", str(out), "--base-port", str(free_base_port(nodes + 1)), "--progress", "off", "--no-plot",
                *VARIANTS[variant], *(["--dc-lambda", str(args.dc_lambda0)] if variant == "DC-ASGD-a" else [])]

@@ -101,8 +101,8 @@ class GossipConfig:
         _check_choice(self, "deadline", DEADLINES)
         _check_choice(self, "partners", PARTNERS)
         if self.mode != "gossip-sync" and (self.weight_by != "none" or self.deadline != "fixed"):
-            raise ConfigError("--weight-by samples and --deadline adaptive need --mode gossip-sync (push-sum keeps "
-                              "its weighted average exact; gossip-async renormalises each peer's own weights)")
+            raise ConfigError("--weight-by samples and --deadline adaptive need --mode gossip-sync (gossip-async "
+                              "never waits, and its push-sum mass already carries whatever arrives late)")
         for name in ("overlap", "ipc"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -191,8 +191,15 @@ class CoordinatorConfig:
     dc_epsilon: float = 1e-7  # DC-ASGD-a: epsilon under the square root
     missing_worker: str = "fail"  # a worker silent for --round-timeout: "fail" naming it, or "continue" without it
     server_retries: int = 5  # a worker re-joins a silent server this many times (with back-off) before failing
+    # the server's SGD (gossip/coordinator/modes.py, server_optimizer): "auto" adapts --momentum and --lr to the
+    # k = N / soft_sync updates in flight in ps-async, ps-ssp and ps-dcasgd (momentum max(0, mu - (1 - 1/k)),
+    # lr * (1 - that) / ((1 - mu) k)) and keeps them in ps-sync; a number is used as given
+    server_momentum: float | str = "auto"
+    server_lr: float | str = "auto"
 
     def __post_init__(self) -> None:
+        _check_auto_number(self, "server_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
+        _check_auto_number(self, "server_lr", lambda v: v > 0, "> 0")
         _check_int(self, "local_steps", minimum=1)
         _check_int(self, "soft_sync", minimum=1)
         _check_int(self, "staleness_bound", minimum=0)
@@ -269,6 +276,12 @@ class RunConfig:
         if self.coordinator.soft_sync > self.nodes:
             raise ConfigError(f"--soft-sync {self.coordinator.soft_sync} exceeds the {self.nodes} workers; "
                               f"use 1..{self.nodes} (1 applies every gradient on arrival)")
+        given = [_flag(n) for n in ("server_lr", "server_momentum") if getattr(self.coordinator, n) != "auto"]
+        if given and self.gossip.mode not in ("ps-sync", "ps-async", "ps-ssp", "ps-dcasgd"):
+            who = "workers" if self.gossip.parameter_server else "peers"
+            raise ConfigError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the parameter server's "
+                              f"optimizer, which --mode {self.gossip.mode} has none of (its {who} step their own "
+                              "optimizers with --lr and --momentum)")
         _check_int(self, "rounds", minimum=0)
         if self.gossip.schedule == "time" and not self.rounds:
             raise ConfigError("--schedule time needs --rounds N: the run lasts N rounds of --round-seconds each, "
@@ -418,6 +431,23 @@ def _check_per_peer(obj: Any, name: str, valid: Any, what: str) -> None:
     bad = [v for v in values if not (_is_real(v) and valid(v))]
     if bad:
         raise ConfigError(f"{_flag(name)} must be {what}; got {bad[0]!r}")
+
+
+def _check_auto_number(obj: Any, name: str, valid: Any, what: str) -> None:
+    """A field that is "auto" or a number (a numeric string, as a flag gives it, becomes a float)."""
+    value = getattr(obj, name)
+    if isinstance(value, str) and value.strip().lower() != "auto":
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    elif isinstance(value, str):
+        value = "auto"
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if value != "auto" and not (_is_real(value) and valid(value)):
+        raise ConfigError(f"{_flag(name)} must be auto or a number {what}, got {getattr(obj, name)!r}")
+    object.__setattr__(obj, name, value)
 
 
 def _check_positive(obj: Any, *names: str) -> None:

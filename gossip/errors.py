@@ -5,6 +5,7 @@
     ├── ProtocolError                                                      a malformed or hostile message
     ├── TaskError                                                          a task that cannot be built or run
     ├── Stopped                                                            SIGINT or SIGTERM asked us to stop
+    ├── Diverged                                                           a model went NaN/Inf or blew up
     ├── CheckpointError                                                    a checkpoint not written or not readable
     └── TransportError                                                     the network failed us
         ├── PeerTimeout                                                    a named wait ran out
@@ -41,6 +42,11 @@ class Stopped(GossipError):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class Diverged(GossipError):
+    """The model a run trains holds NaN or Inf, or has blown up (``gossip/health.py``); the message says
+    where it was found and what to lower."""
 
 
 class CheckpointError(GossipError):

@@ -85,8 +85,10 @@ FLAGS: list[tuple[str, str, str]] = [
     ("--link-latency-ms", "link_latency_ms", "per-peer one-way latency in ms added to every message to or from "
                                              "the peer (held back by the sending transport)"),
     ("--threads-per-peer", "threads_per_peer", "torch threads in each peer process"),
-    ("--lr", "lr", "learning rate of each peer's optimizer"),
-    ("--momentum", "momentum", "SGD momentum of each peer's optimizer"),
+    ("--lr", "lr", "learning rate of each peer's optimizer (ps-sync: the server's; the other ps-* modes derive "
+                   "the server's from it, see --server-lr)"),
+    ("--momentum", "momentum", "SGD momentum of each peer's optimizer (ps-sync: the server's; see "
+                               "--server-momentum)"),
     ("--batch-size", "batch_size", "samples per local step"),
     ("--dim", "dim", "vector length of the consensus task"),
     ("--eval-every", "eval_every", "steps between test evaluations (0: at the end only)"),
@@ -103,6 +105,14 @@ FLAGS: list[tuple[str, str, str]] = [
     ("--local-steps", "local_steps", "ps-avg: local steps between two averagings"),
     ("--staleness-lr", "staleness_lr", "ps-async/ps-ssp/ps-dcasgd: learning rate / max(1, staleness)"),
     ("--soft-sync", "soft_sync", "parameter server applies the mean once this many gradients arrived (1: each)"),
+    ("--server-momentum", "server_momentum", "momentum of the parameter server's SGD; auto: --momentum in ps-sync, "
+                                             "and in ps-async/ps-ssp/ps-dcasgd, with k = N/--soft-sync updates in "
+                                             "flight, max(0, --momentum - (1 - 1/k)): asynchrony already acts as "
+                                             "momentum 1 - 1/k (Mitliagkas et al. 2016), and the two compounded "
+                                             "diverge"),
+    ("--server-lr", "server_lr", "learning rate of the parameter server's SGD; auto: --lr in ps-sync, and in "
+                                 "ps-async/ps-ssp/ps-dcasgd --lr * (1 - server momentum) / ((1 - --momentum) * k), "
+                                 "so that k gradients move the weights as far as one ps-sync update"),
     ("--staleness-bound", "staleness_bound", "ps-ssp: a worker this many steps ahead of the slowest waits"),
     ("--dc-lambda", "dc_lambda", "ps-dcasgd: lambda of the delay compensation (lambda0 with --dc-adaptive)"),
     ("--dc-adaptive", "dc_adaptive", "ps-dcasgd: DC-ASGD-a, lambda / sqrt(mean square of g + epsilon)"),

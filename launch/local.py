@@ -25,7 +25,7 @@ from typing import Any
 
 from gossip.address import split_endpoint
 from gossip.config import RunConfig
-from gossip.errors import ConfigError
+from gossip.errors import ConfigError, Diverged
 from gossip.security import load_keys
 from gossip.tasks import load_task
 from launch.links import Links, check_link_support
@@ -213,5 +213,9 @@ def supervise(cfg: RunConfig, out: Path, start: Callable[[], list[Member]], prog
         from launch.summary import summarise
 
         failed = [m.name for m in members if m.given_up]
-        summarise(cfg, out, wall_seconds=time.time() - started, plot=plot, failed=failed)
+        try:
+            summarise(cfg, out, wall_seconds=time.time() - started, plot=plot, failed=failed)
+        except Diverged as exc:  # the run finished, but what it made is not a model
+            print(f"gossip-launch: error: {exc} [details: {out / 'summary.json'}]", file=sys.stderr)
+            return 1
     return 0

@@ -1,6 +1,12 @@
 """After a run: ``summary.json``, ``model-final.pt`` (the exact average of the peers' final models),
 ``summary.png``, and the summary table on stdout.
 
+The run's product is ``model-final.pt``: the server's model in the ps-* modes, the push-sum weighted
+average of the peers' models in the gossip modes. Its test accuracy is the headline (``accuracy`` in
+summary.json, the first line of the results); the mean over the peers' own copies is secondary. A product
+model that holds NaN or Inf, has blown up (``gossip/health.py``) or has a non-finite test loss is refused:
+summary.json records the error and the launcher exits non-zero with one line saying so.
+
 ``python -m launch.summary DIR`` does the same for a run whose peers were started on their own (on several
 hosts, or under torchrun): copy every host's output directory into DIR first."""
 
@@ -17,7 +23,8 @@ import numpy as np
 import torch
 
 from gossip.config import RunConfig
-from gossip.errors import ConfigError
+from gossip.errors import ConfigError, Diverged, GossipError
+from gossip.health import model_problem
 from gossip.tasks import TaskContext, build_task
 from launch.events import read_events
 
@@ -109,13 +116,20 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
     trace, drift, final_drift = consensus_trace(out, finished, vectors.shape[1])
     server = server_result(out) if cfg.gossip.parameter_server else None
     weights = [peers[rank]["weight"] if peers[rank]["weight"] is not None else 1.0 for rank in finished]
-    final_metrics = server.get("test", {}) if server else evaluate_average(cfg, states, weights, out)
+    if server:
+        product, final_metrics = torch.load(out / "model-final.pt", weights_only=True), server.get("test") or {}
+    else:
+        product = average_state_dicts(states, weights)
+        final_metrics = evaluate_average(cfg, product, out)
+    problem = product_problem(product, final_metrics)
     accuracies = [p["test_accuracy"] for p in peers
                   if p["test_accuracy"] is not None and p["rank"] not in byzantine]
     summary = {
         "mode": cfg.gossip.mode, "topology": cfg.gossip.topology, "nodes": cfg.nodes, "task": cfg.task,
         "steps": cfg.steps, "schedule": cfg.gossip.schedule, "rounds": cfg.total_rounds,
-        "seed": cfg.gossip.seed, "wall_seconds": wall_seconds, "peers": peers,
+        "seed": cfg.gossip.seed, "wall_seconds": wall_seconds,
+        "accuracy": final_metrics.get("accuracy"),  # of the product model, model-final.pt
+        "error": None, "peers": peers,
         "chronic_stragglers": chronic_stragglers(peers),
         "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
         "final_model": final_metrics, "consensus_distance": consensus_distance(vectors),
@@ -125,7 +139,13 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
     }
     if server:
         summary["server"] = server
+    if problem:
+        which = "the server's model" if server else "the peers' averaged model"
+        summary["error"] = (f"{which} (model-final.pt) is not a usable model: {problem}; lower --lr (now "
+                            f"{cfg.lr:g}){' or set --server-lr' if server and server.get('optimizer') else ''}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if summary["error"]:
+        raise Diverged(summary["error"])
     if plot:
         from launch.plot import plot_run  # matplotlib costs about 2 s; only when asked for
 
@@ -134,11 +154,19 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
     return summary
 
 
-def evaluate_average(cfg: RunConfig, states: list[dict[str, torch.Tensor]], weights: list[float],
-                     out: Path) -> dict[str, float]:
+def product_problem(state: dict[str, torch.Tensor], metrics: dict[str, Any]) -> str | None:
+    """What makes the run's product model unusable, or None: non-finite or blown-up weights, or a
+    non-finite test loss."""
+    problem = model_problem(state.values())
+    loss = metrics.get("loss")
+    if problem is None and loss is not None and not math.isfinite(loss):
+        problem = f"its test loss is {loss}"
+    return problem
+
+
+def evaluate_average(cfg: RunConfig, final: dict[str, torch.Tensor], out: Path) -> dict[str, float]:
     """Write ``model-final.pt``, the exact (push-sum weighted) average of the peers' models, and return its
     test metrics."""
-    final = average_state_dicts(states, weights)
     torch.save(final, out / "model-final.pt")
     task = build_task(cfg.task, TaskContext(0, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum, cfg.batch_size, cfg.dim))
     if not task.trains:
@@ -152,8 +180,10 @@ def server_result(out: Path) -> dict[str, Any]:
     (the server already wrote ``model-final.pt``)."""
     events = read_events(out / "server.jsonl")
     end = next((e for e in events if e["event"] == "end"), {})
-    return {key: end.get(key) for key in ("versions", "updates", "staleness", "test", "wall_seconds",
-                                           "bytes_sent", "bytes_received", "dropped")}
+    ready = next((e for e in events if e["event"] == "ready"), {})
+    return {"optimizer": ready.get("optimizer"),
+            **{key: end.get(key) for key in ("versions", "updates", "staleness", "test", "wall_seconds",
+                                             "bytes_sent", "bytes_received", "dropped")}}
 
 
 def spectral(cfg: RunConfig) -> dict[str, Any]:
@@ -179,13 +209,17 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
                   (p["test_loss"], ".4f"), (p["wait_seconds"], ".2f"), ((p["bytes_sent"] or 0) / 1e6, ".2f"),
                   ((p["bytes_received"] or 0) / 1e6, ".2f")]
         lines.append(" ".join(_cell(v, width, spec) for (v, spec), (_, width) in zip(values, columns)))
+    if summary["accuracy"] is not None:
+        which = "the server's model" if "server" in summary else "the peers' push-sum weighted average"
+        lines.append(f"accuracy                 {summary['accuracy']:.4f}  ({which}, model-final.pt)")
     if summary["mean_test_accuracy"] is not None:
-        lines.append(f"mean test accuracy       {summary['mean_test_accuracy']:.4f}")
-    if summary["final_model"].get("accuracy") is not None:
-        which = "server model accuracy   " if "server" in summary else "averaged model accuracy "
-        lines.append(f"{which} {summary['final_model']['accuracy']:.4f}  (model-final.pt)")
+        lines.append(f"mean test accuracy       {summary['mean_test_accuracy']:.4f}  (over the peers' own copies)")
     if "server" in summary:
         server = summary["server"]
+        if server.get("optimizer"):
+            optimizer = server["optimizer"]
+            lines.append(f"server optimizer         SGD lr {optimizer['lr']:.4g}, momentum {optimizer['momentum']:.4g} "
+                         f"({optimizer['rule']})")
         lines.append(f"server updates           {server['updates']} (staleness histogram {server['staleness']})")
     lines.append(f"consensus distance       {summary['consensus_distance']:.3e}")
     dropped = {p["rank"]: p["dropped"] for p in summary["peers"] if p.get("dropped")}
@@ -233,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"{args.out} lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}; copy "
                               "every host's output directory into it (e.g. rsync -a HOST:DIR/ DIR/)")
         summarise(cfg, args.out, wall_seconds_from_events(args.out, cfg.nodes), plot=args.plot)
-    except (OSError, ValueError, TypeError) as exc:
+    except Diverged as exc:
+        print(f"python -m launch.summary: error: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, TypeError, GossipError) as exc:
         print(f"python -m launch.summary: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -60,6 +60,10 @@ def test_defaults_are_four_peers_on_a_ring_training_digits():
     (["--mode", "ps-ssp", "--staleness-bound", "-1"], "--staleness-bound must be >= 0, got -1"),
     (["--mode", "ps-dcasgd", "--dc-lambda", "-0.5"], "--dc-lambda must be a number >= 0"),
     (["--mode", "ps-avg", "--local-steps", "0"], "--local-steps must be >= 1, got 0"),
+    (["--mode", "ps-async", "--server-lr", "fast"], "--server-lr must be auto or a number > 0, got 'fast'"),
+    (["--mode", "ps-ssp", "--server-momentum", "1"], "--server-momentum must be auto or a number in [0, 1)"),
+    (["--mode", "ps-avg", "--server-momentum", "0"], "--server-momentum sets the parameter server's optimizer, "
+                                                     "which --mode ps-avg has none of"),
     (["--schedule", "clock"], "--schedule 'clock' is not valid; choose one of: steps, time"),
     (["--schedule", "time"], "--schedule time needs --rounds N"),
     (["--rounds", "10"], "--rounds applies to --schedule time"),

@@ -8,10 +8,12 @@ import torch
 from torch import nn
 
 from gossip.config import CoordinatorConfig
+from gossip.errors import ConfigError
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.dcasgd import DelayCompensation
-from gossip.coordinator.modes import build_core
+from gossip.coordinator.modes import build_core, server_optimizer
 from gossip.flat import FlatParams
+from gossip.health import BLOWN_UP_NORM, model_problem
 
 
 class Recorder:
@@ -132,6 +134,68 @@ def test_staleness_scaled_learning_rate_divides_by_staleness():
     after = torch.cat([p.detach().flatten() for p in model.parameters()])
     torch.testing.assert_close(after, before - 0.1 * (1 + 1 + 0.5))
     assert dict(core.staleness) == {0: 1, 1: 1, 2: 1}
+
+
+# -- the server's optimizer: what "auto" does with --lr and --momentum --------------------------------------
+def test_default_server_optimizer_compensates_the_momentum_of_asynchrony_and_keeps_the_step():
+    auto = CoordinatorConfig()
+    for mode in ("ps-async", "ps-ssp", "ps-dcasgd"):
+        # 4 workers: asynchrony acts as momentum 1 - 1/4, so 0.9 - 0.75 = 0.15 is left explicit; the lr keeps
+        # the long-run step per gradient, lr / (1 - mu), at ps-sync's for one of N gradients: 0.05 / 0.1 / 4
+        four = server_optimizer(mode, 0.05, 0.9, 4, auto)
+        assert four.momentum == pytest.approx(0.15) and four.lr == pytest.approx(0.05 * 0.85 / (0.1 * 4))
+        eight = server_optimizer(mode, 0.05, 0.9, 8, auto)
+        assert eight.momentum == pytest.approx(0.025) and eight.lr == pytest.approx(0.05 * 0.975 / 0.8)
+        assert "updates in flight" in four.rule and "max(0, 0.9 - (1 - 1/4))" in four.rule
+        for workers in (2, 3, 4, 8, 16):
+            chosen = server_optimizer(mode, 0.05, 0.9, workers, auto)
+            assert chosen.lr / (1 - chosen.momentum) * workers == pytest.approx(0.05 / (1 - 0.9))
+    # more workers than momentum to compensate: momentum-free, DC-ASGD's server update, at lr / ((1 - mu) N)
+    many = server_optimizer("ps-async", 0.05, 0.9, 16, auto)
+    assert many.momentum == 0.0 and many.lr == pytest.approx(0.05 / (0.1 * 16))
+    assert server_optimizer("ps-async", 0.1, 0.0, 4, auto).lr == pytest.approx(0.025)  # no momentum: lr / N
+    # no asynchrony left (one worker, or soft sync over all N): exactly the synchronous optimizer
+    for workers, soft_sync in ((1, 1), (4, 4), (8, 8)):
+        same = server_optimizer("ps-async", 0.05, 0.9, workers, CoordinatorConfig(soft_sync=soft_sync))
+        assert (same.lr, same.momentum) == pytest.approx((0.05, 0.9))
+    halves = server_optimizer("ps-async", 0.05, 0.9, 8, CoordinatorConfig(soft_sync=2))  # k = 4 in flight
+    assert (halves.lr, halves.momentum) == pytest.approx((four.lr, four.momentum))
+    # ps-sync (and ps-avg, whose server has no optimizer) keep --lr and --momentum
+    sync = server_optimizer("ps-sync", 0.05, 0.9, 8, auto)
+    assert (sync.lr, sync.momentum) == (0.05, 0.9)
+
+
+def test_explicit_server_lr_and_momentum_win():
+    both = server_optimizer("ps-async", 0.05, 0.9, 4, CoordinatorConfig(server_lr=0.3, server_momentum=0.0))
+    assert (both.lr, both.momentum) == (0.3, 0.0) and "--server-lr" in both.rule
+    # an explicit momentum alone keeps the matched long-run step; an explicit lr alone keeps auto momentum
+    mu = server_optimizer("ps-dcasgd", 0.05, 0.9, 4, CoordinatorConfig(server_momentum="0.5"))
+    assert mu.momentum == 0.5 and mu.lr == pytest.approx(0.05 * 0.5 / (0.1 * 4))
+    lr = server_optimizer("ps-ssp", 0.05, 0.9, 4, CoordinatorConfig(server_lr="0.2"))
+    assert lr.lr == 0.2 and lr.momentum == pytest.approx(0.15)
+    sync = server_optimizer("ps-sync", 0.05, 0.9, 4, CoordinatorConfig(server_momentum=0.0))
+    assert (sync.lr, sync.momentum) == (0.05, 0.0)
+
+
+def test_server_settings_are_auto_or_numbers():
+    assert CoordinatorConfig(server_lr=" AUTO ").server_lr == "auto"
+    assert CoordinatorConfig(server_lr="0.25", server_momentum=0).server_lr == 0.25
+    for settings in ({"server_lr": "fast"}, {"server_lr": 0}, {"server_lr": float("nan")}, {"server_momentum": 1},
+                     {"server_momentum": "-0.1"}, {"server_momentum": True}):
+        with pytest.raises(ConfigError):
+            CoordinatorConfig(**settings)
+
+
+def test_the_model_health_check_finds_nan_inf_and_blown_up_weights():
+    healthy = [torch.randn(100, 10), torch.zeros(3), torch.arange(5)]  # integer tensors are skipped
+    assert model_problem(healthy) is None
+    assert model_problem([torch.tensor([1.0, float("nan")])]) == "its weights hold NaN or Inf"
+    assert model_problem([torch.tensor([1.0]), torch.tensor([-float("inf")])]) == "its weights hold NaN or Inf"
+    assert "blown up" in model_problem([torch.full((4,), BLOWN_UP_NORM)])
+    assert "blown up" in model_problem([torch.full((1000,), 1e25)])  # squares overflow float32: still found
+    assert model_problem([torch.full((4,), 1e5)]) is None
+    assert model_problem([torch.tensor([300.0, 1.0], dtype=torch.float16)]) is None  # 300^2 overflows fp16
+    assert model_problem([torch.tensor([float("nan")], dtype=torch.bfloat16)]) == "its weights hold NaN or Inf"
 
 
 # -- the shared state machine -----------------------------------------------------------------------------

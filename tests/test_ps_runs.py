@@ -65,6 +65,25 @@ def test_ssp_never_lets_a_worker_run_more_than_the_bound_ahead(launch_run):
             slow_done = sum(t <= event["time"] for t in slow_times)
             assert event["step"] - slow_done <= bound + 1, (rank, event["step"], slow_done)
     assert run.summary["final_model"]["accuracy"] >= 0.85
+    # the headline is the server's model; the server's SGD is the default rule for 3 updates in flight
+    assert run.summary["accuracy"] == run.summary["final_model"]["accuracy"] and run.summary["error"] is None
+    results = run.stdout[run.stdout.index("\n   2 ") + 1:].splitlines()[1]  # the line after the last worker's
+    assert results.startswith("accuracy") and f"{run.summary['accuracy']:.4f}" in results, run.stdout
+    optimizer = run.summary["server"]["optimizer"]
+    assert optimizer["momentum"] == pytest.approx(0.9 - 2 / 3)
+    assert optimizer["lr"] == pytest.approx(0.05 * (1 - optimizer["momentum"]) / (0.1 * 3))
+    assert "server optimizer" in run.stdout
+
+
+def test_a_run_that_blows_up_stops_with_one_clear_line_and_exit_1(launch_run):
+    run = launch_run("--mode", "ps-async", "--lr", "1e4", "--steps", "40", "--eval-every", "0", nodes=2,
+                     expect_ok=False)
+    assert run.returncode == 1, run.stderr
+    errors = [line for line in run.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1, run.stderr
+    assert "server failed (exit 1)" in errors[0] and "the server's model diverged at version" in errors[0], errors
+    assert "lower --lr (now 10000;" in errors[0], errors
+    assert server_events(run, "error") and not (run.out / "summary.json").exists()
 
 
 def test_soft_sync_applies_exactly_s_gradients_per_update(launch_run):

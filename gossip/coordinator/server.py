@@ -1,9 +1,11 @@
 """The parameter-server process: one loop that receives workers' contributions in arrival order, feeds
 them to the mode's ``ServerCore`` and answers with its weights.
 
-Logs ``server.jsonl`` (``update`` per applied batch with its version, workers and their staleness;
-``reply`` per answer with the worker's clock and its lead over the slowest worker; ``end`` with the
-staleness histogram) and leaves the final model as ``model-final.pt``.
+Logs ``server.jsonl`` (``ready`` with the optimizer's learning rate, momentum and the rule that chose
+them; ``update`` per applied batch with its version, workers and their staleness; ``reply`` per answer with
+the worker's clock and its lead over the slowest worker; ``end`` with the staleness histogram) and leaves the
+final model as ``model-final.pt``. After every update the server checks its weights (``gossip/health.py``)
+and stops with ``Diverged`` once they hold NaN or Inf or have blown up, instead of serving them.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import torch
 from gossip.averagers.base import transport_keys
 from gossip.config import RunConfig
 from gossip.coordinator.core import Contribution, ServerCore
-from gossip.coordinator.modes import SENDS_WEIGHTS, build_core
+from gossip.coordinator.modes import SENDS_WEIGHTS, build_core, server_optimizer
 from gossip import checkpoint
 from gossip.device import cpu_state
-from gossip.errors import CheckpointError, GossipError, PeerTimeout, Stopped
+from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped
 from gossip.flat import FlatParams
+from gossip.health import model_problem
 from gossip.mailbox import QueueMailbox
 from gossip.metrics import EventLog
 from gossip.tasks import TaskContext, build_task
@@ -44,8 +47,9 @@ class ParameterServer:
         self.task = build_task(cfg.task, TaskContext(0, cfg.nodes, self.config.seed, cfg.lr, cfg.momentum,
                                                      cfg.batch_size, cfg.dim))
         self.flat = FlatParams(self.task.model, self.config.chunk_bytes)
-        optimizer = torch.optim.SGD(self.task.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-        self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat, optimizer, self.workers)
+        self.optimizer = server_optimizer(self.config.mode, cfg.lr, cfg.momentum, self.workers, cfg.coordinator)
+        self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat,
+                                           self.optimizer.build(self.task.model.parameters()), self.workers)
         contribution = "params" if self.config.mode in SENDS_WEIGHTS else "grad"
         self.mailbox = QueueMailbox(self.rank, self.workers + 1, self.flat.layout,
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
@@ -64,8 +68,13 @@ class ParameterServer:
     def serve(self) -> None:
         """Answer workers until every one has said bye."""
         self.transport.start()
+        optimizer = ({"lr": self.optimizer.lr, "momentum": self.optimizer.momentum, "rule": self.optimizer.rule}
+                     if self.config.mode not in SENDS_WEIGHTS else None)
+        if optimizer:
+            log.info("server: SGD with lr %.4g, momentum %.4g (%s)", optimizer["lr"], optimizer["momentum"],
+                     optimizer["rule"])
         self.events.write("ready", endpoint=self.config.endpoint(self.rank), mode=self.config.mode,
-                          version=self.core.version)
+                          version=self.core.version, optimizer=optimizer)
         while self.core.active:
             message = self.mailbox.get(min(1.0, self._wait_seconds()))
             if message is not None:
@@ -110,6 +119,8 @@ class ParameterServer:
             self._reply(self.core.leave(worker))
 
     def _log_applied(self) -> None:
+        if self.core.applied:
+            self._check_weights(self.core.applied[-1].version)
         for applied in self.core.applied:
             self.contributions += len(applied.workers)
             self.events.write("update", version=applied.version, workers=applied.workers,
@@ -120,6 +131,18 @@ class ParameterServer:
             if self.cfg.checkpoint_every and applied.version % self.cfg.checkpoint_every == 0:
                 self.save_checkpoint()
         self.core.applied = []
+
+    def _check_weights(self, version: int) -> None:
+        """Stop, before anyone is sent them, when the weights an update produced are no longer a model."""
+        problem = model_problem(self.flat.segments)
+        if problem is None:
+            return
+        if self.config.mode in SENDS_WEIGHTS:
+            advice = f"lower --lr (now {self.cfg.lr:g}) or --local-steps"
+        else:
+            advice = (f"lower --lr (now {self.cfg.lr:g}; the server stepped with lr {self.optimizer.lr:.4g}, momentum "
+                      f"{self.optimizer.momentum:.4g}) or set --server-lr")
+        raise Diverged(f"the server's model diverged at version {version}: {problem}; {advice}")
 
     def _plausible(self, message: Message) -> bool:
         """A worker waits for our answer before its next contribution, and cannot have computed on a
