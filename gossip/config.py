@@ -179,9 +179,9 @@ class GossipConfig:
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
-    """The parameter-server modes: what workers send and what the server does with it (DESIGN section 4)."""
+    """The parameter-server modes: what workers send and what the server does with it (README, "Parameter-server modes")."""
 
-    local_steps: int = 10  # ps-avg: local steps between two averagings (seed 001: 10-20 still works)
+    local_steps: int = 10  # ps-avg: local steps between two averagings (averaging every 10-20 minibatches still trains well)
     staleness_lr: bool = False  # scale each gradient's learning rate by 1 / max(1, staleness)
     soft_sync: int = 1  # apply the mean once this many gradients from any workers arrived (1: on arrival)
     staleness_bound: int = 3  # ps-ssp: a worker more than this many steps ahead of the slowest waits

@@ -9,7 +9,7 @@ parameters only ever change between two steps, never inside a forward/backward p
 - ``time``: mixing point r is the first step boundary at least r * ``round_seconds`` after the peer started
   (after its first neighbours answered), plus the time it has spent waiting for neighbours. Rounds are
   wall-clock periods, anchored so an overshoot does not accumulate, and a fast peer does as many local steps
-  as fit in each: it never idles for a slow one (the node-speed-aware scheduling of DESIGN section 4).
+  as fit in each: it never idles for a slow one (node-speed-aware scheduling).
   Waiting shifts the anchor, so peers that came up at different moments fall into phase after one round.
   A peer whose single step outlasts a round mixes after every step.
 

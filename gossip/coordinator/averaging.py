@@ -1,6 +1,6 @@
-"""Periodic parameter averaging (ps-avg; seed 001's "synchronous parameter averaging"): every worker does
+"""Periodic parameter averaging (ps-avg, synchronous parameter averaging): every worker does
 ``local_steps`` steps with its own optimizer, then the server replaces its weights by the workers' mean.
-With one local step of plain SGD this reproduces ps-sync exactly (seed 000: averaging the states equals
+With one local step of plain SGD this reproduces ps-sync exactly (averaging the states equals
 applying the average of the deltas); with more it is local SGD."""
 
 from __future__ import annotations

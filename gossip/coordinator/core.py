@@ -6,9 +6,9 @@ contribution and sends the current weights to the workers it names. The algorith
 here:
 
 - a batch is applied once ``batch_size`` contributions have arrived (N for ps-sync and ps-avg; S for
-  soft synchronisation, seed 001; 1 for plain asynchronous SGD), or fewer once fewer workers remain;
+  soft synchronisation; 1 for plain asynchronous SGD), or fewer once fewer workers remain;
 - each applied contribution's staleness is the server version now minus the version it was computed
-  on (about N on average with N asynchronous workers, seed 001);
+  on (about N on average with N asynchronous workers);
 - with a staleness bound s (SSP, Ho et al., NeurIPS 2013) a worker whose clock is more than s ahead of
   the slowest active worker gets no reply (and so cannot start its next step) until the slowest catches up.
 """

@@ -1,5 +1,5 @@
 """Delay compensation for asynchronous SGD: DC-ASGD (Zheng et al., "Asynchronous Stochastic Gradient
-Descent with Delay Compensation", ICML 2017; seed 002).
+Descent with Delay Compensation", ICML 2017).
 
 A gradient g that worker m computed at the weights it last pulled, W_bak(m), arrives when the server holds
 W. The first-order Taylor term of g(W) around W_bak(m) needs the Hessian, which the paper approximates by

@@ -1,4 +1,4 @@
-"""Which barrier, bound and update each parameter-server mode uses (the modes of DESIGN section 4), and
+"""Which barrier, bound and update each parameter-server mode uses (README, "Parameter-server modes"), and
 the learning rate and momentum of the server's optimizer.
 
 The server's optimizer (``server_optimizer``). ``--lr`` and ``--momentum`` describe synchronous SGD: ps-sync

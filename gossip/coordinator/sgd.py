@@ -2,8 +2,8 @@
 staleness-scaled learning rate and soft synchronisation), ps-ssp and ps-dcasgd.
 
 A batch's gradients are averaged, each first delay-compensated (DC-ASGD) and scaled by 1 / max(1, tau)
-when ``staleness_lr`` is set (seed 001's "scaling parameter ... separately for each update based on
-staleness"), then written into the parameters' ``.grad`` and stepped with the server's optimizer (SGD,
+when ``staleness_lr`` is set (a learning rate set separately for each update from its
+staleness), then written into the parameters' ``.grad`` and stepped with the server's optimizer (SGD,
 with momentum when configured: the momentum buffer accumulates the compensated gradients g~, exactly as
 it accumulates plain gradients, so compensation and momentum compose like any gradient correction).
 Buffers (BatchNorm statistics) are not trained: the server takes the mean of the values workers report.
