@@ -16,20 +16,23 @@ then takes the next snapshot s_i = z_i, w_i^s = w_i and pushes it to its out-nei
 formula of ``SyncGossip`` with overlap; what differs is that nothing is waited for: what has not arrived
 is mixed at a later mixing point, whenever it comes.
 
-- **Mass is kept.** k = W_ii plus the shares W_ki of the out-neighbours the snapshot was *not* queued
-  for: a dead one, or one whose previous message still waits in our outbox (a slow link). Sending never
-  blocks and never replaces an unsent message (which would lose its mass): the share stays with us and
-  leaves with a later snapshot. So sum_i w_i plus the mass in flight is N at every moment and the weighted
-  mean sum_i x_i / sum_i w_i moves only by local progress.
-- **No drag.** Progress is credited with the whole weight w_i^s, not the kept share: with equal speeds
-  every w_i stays about 1 and the mean model moves at the learning rate it was given. (Mixing the
-  latest snapshot of each neighbour instead, ``--async-rule latest``, overwrites the share 1 - W_ii of each
-  step with older snapshots: the mean then moves at about W_ii times the learning rate.)
-- **Heterogeneous rates.** A peer s times slower receives s times as many messages per own step as it
-  sends, so its weight settles near s times a fast peer's: each of its steps is credited s times as much,
-  and every peer's data counts equally per unit of wall time (the rate compensation Assran & Rabbat add by
-  hand in AGP falls out of crediting the whole weight). Its snapshots are mixed once each, not once per
-  step of the faster neighbours.
+- **Mass is kept.** k = W_ii plus the shares W_ki of the out-neighbours the snapshot did not go to: a dead
+  one, one whose previous message still waits in our outbox, or one that flow control holds back
+  (``_answered``: at most one unanswered message per link; a massless ping until it first answers). Sending
+  never blocks and never replaces an unsent message (which would lose its mass): the share stays with us
+  and leaves with a later snapshot. So sum_i w_i plus the mass in flight is N at every moment and the
+  weighted mean sum_i x_i / sum_i w_i moves only by local progress (tested to 1e-9).
+- **Credit.** Progress is credited with the whole snapshot weight w_i^s, not the kept share, as in
+  synchronous overlap SGP, so the mean is not held back to W_ii times the learning rate (the cost of
+  ``--async-rule latest``). Known gap: asynchronously a receiver may absorb the pushed share before the
+  sender's step ends, and that share is then credited twice for the overlap: on a constant gradient with
+  equal speeds the mean moved 1.24x the learning rate per step (tests/test_async_push_sum.py, a strict
+  xfail). SGP's unscaled credit (x_i -= lr g) would be exact in the mean but multiplies a light peer's
+  step in z by 1 / w_i.
+- **Heterogeneous rates.** With flow control every link carries about one message per step of the slower
+  end, so a slow peer's weight stays near a fast one's and its snapshots are mixed once each, not once per
+  step of the faster neighbours; a fast peer's extra steps are credited with its own weight (no rate
+  compensation as in Assran & Rabbat's AGP: on shards drawn from one data set it is not needed).
 - **The end.** A peer that has done its steps says "bye" to every peer it may have sent to, naming the
   number of rounds it sent that peer (one past the last), and drains: it waits until every in-neighbour
   said bye and its last message is in, mixing everything that arrives. Peers still training keep pushing
