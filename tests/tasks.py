@@ -117,9 +117,10 @@ def dies(ctx: TaskContext) -> Task:
 
 
 def constant_gradient(ctx: TaskContext) -> Task:
-    """Peer r's vector starts at r and its loss is the sum of its entries: every gradient is all ones, so
-    plain SGD moves the network's mean model by exactly ``lr`` per step and coordinate."""
+    """Peer r's vector starts at r and its loss is (r + 1) times the sum of its entries: every gradient of
+    peer r is r + 1 in every entry, so if each step counts 1/N, plain SGD moves the network's mean model by
+    exactly ``lr`` times the mean of (r + 1) over the peers per step and coordinate."""
     model = Vector(torch.full((ctx.dim,), float(ctx.rank), dtype=torch.float64))
     model.value.requires_grad_(True)
     optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
-    return Task(model, loss=lambda: model.value.sum(), evaluate=lambda: {}, optimizer=optimizer)
+    return Task(model, loss=lambda: (ctx.rank + 1) * model.value.sum(), evaluate=lambda: {}, optimizer=optimizer)

@@ -1,5 +1,5 @@
 """gossip-async's push-sum rule, checked by exact invariants on real peer processes: the network's mass and
-weighted mean are kept, local progress moves the mean at the full learning rate, and a message is mixed once."""
+weighted mean are kept, every step moves the mean by exactly its 1/N share, and a message is mixed once."""
 
 from __future__ import annotations
 
@@ -41,21 +41,23 @@ def test_mass_and_mean_are_kept_on_a_ring_of_8_with_a_slow_peer(launch_run):
     assert all(p["dropped"] == {} for p in run.summary["peers"])
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: progress is credited with the sender's whole snapshot weight "
-                   "(as in synchronous overlap SGP), but an asynchronous receiver may absorb the pushed share before "
-                   "the sender's step ends, so that share is credited twice for the overlap: the mean moved 1.24x "
-                   "lr per step here (0.742 for 0.6). SGP's unscaled credit (x -= lr g) is exact but amplifies a "
-                   "light peer's steps by 1/w; see the closing note of this change")
-def test_local_progress_moves_the_mean_at_the_full_learning_rate(launch_run):
-    """Every gradient is all ones: with equal speeds the weighted mean ends lr * steps below where it began,
-    within 1% (what is in flight between two peers' mixes gets no credit for the steps it spends there)."""
+@pytest.mark.parametrize("speeds", ["1,1,1,1", "1,1,1,0.25"])
+def test_every_step_moves_the_mean_by_its_share(launch_run, speeds):
+    """Peer r's gradient is r + 1 everywhere: after the run drains, the weighted mean ends exactly
+    lr * steps * mean(r + 1) below where it began: every step of every peer counts 1/N, at the full learning
+    rate, however the messages interleave with the steps, and the slow peer (r = 3, the largest gradient)
+    counts no more than the others."""
     nodes, steps, lr = 4, 60, 0.01
     run = launch_run("--mode", "gossip-async", "--task", "tests.tasks:constant_gradient", "--dim", "4",
-                     "--steps", str(steps), "--lr", str(lr), "--momentum", "0", "--compute-ms", "10", nodes=nodes)
+                     "--steps", str(steps), "--lr", str(lr), "--momentum", "0", "--compute-ms", "10",
+                     "--speeds", speeds, nodes=nodes)
     weights, models = final_state(run, nodes)
+    ends = [next(e for e in run.events(rank) if e["event"] == "end") for rank in range(nodes)]
+    assert all(end["credit_bounded"] == 0 for end in ends)  # (no weight fell below 1 / 4)
     assert weights.sum().item() == pytest.approx(nodes, rel=1e-9)
     moved = (nodes - 1) / 2 - weighted_mean(weights, models)
-    assert torch.allclose(moved, torch.full_like(moved, lr * steps), rtol=0.01, atol=0), moved
+    exact = lr * steps * (nodes + 1) / 2
+    assert torch.allclose(moved, torch.full_like(moved, exact), rtol=1e-9, atol=0), moved
 
 
 def test_a_message_is_mixed_once():

@@ -8,38 +8,42 @@ Every peer holds a model z_i and a push-sum weight w_i; x_i = w_i z_i is its par
 At each mixing point (every ``gossip_every`` steps, or every round of ``--schedule time``) it adds
 whatever arrived since the last one, a message from j carrying the mass m_j = W_ij w_j^s of j's snapshot
 s_j (all that j pushed to us meanwhile, merged on arrival: ``MassMailbox``), credits the local progress
-made since its own last snapshot s_i with its whole weight, and keeps the share k of that snapshot's mass:
+made since its own last snapshot s_i with mass c, and keeps the share k of that snapshot's mass:
 
-    x_i = w_i^s z_i - (1 - k) w_i^s s_i + sum_j m_j s_j,    w_i = k w_i^s + sum_j m_j,    z_i = x_i / w_i
+    x_i = c (z_i - s_i) + k w_i^s s_i + sum_j m_j s_j,    w_i = k w_i^s + sum_j m_j,    z_i = x_i / w_i
 
-then takes the next snapshot s_i = z_i, w_i^s = w_i and pushes it to its out-neighbours. Exactly the
-formula of ``SyncGossip`` with overlap; what differs is that nothing is waited for: what has not arrived
-is mixed at a later mixing point, whenever it comes.
+then takes the next snapshot s_i = z_i, w_i^s = w_i and pushes it to its out-neighbours. The formula of
+``SyncGossip`` with overlap, except for c and that nothing is waited for: what has not arrived is mixed at
+a later mixing point, whenever it comes.
 
 - **Mass is kept.** k = W_ii plus the shares W_ki of the out-neighbours the snapshot did not go to: a dead
-  one, one whose previous message still waits in our outbox, or one that flow control holds back
-  (``_answered``: at most one unanswered message per link; a massless ping until it first answers). Sending
-  never blocks and never replaces an unsent message (which would lose its mass): the share stays with us
-  and leaves with a later snapshot. So sum_i w_i plus the mass in flight is N at every moment and the
-  weighted mean sum_i x_i / sum_i w_i moves only by local progress (tested to 1e-9).
-- **Credit.** Progress is credited with the whole snapshot weight w_i^s, not the kept share, as in
-  synchronous overlap SGP, so the mean is not held back to W_ii times the learning rate (the cost of
-  ``--async-rule latest``). Known gap: asynchronously a receiver may absorb the pushed share before the
-  sender's step ends, and that share is then credited twice for the overlap: on a constant gradient with
-  equal speeds the mean moved 1.24x the learning rate per step (tests/test_async_push_sum.py, a strict
-  xfail). SGP's unscaled credit (x_i -= lr g) would be exact in the mean but multiplies a light peer's
-  step in z by 1 / w_i.
+  or finished one, one whose previous message still waits in our outbox, or one that flow control holds
+  back (``_answered``: at most one unanswered message per link; a massless ping until it first answers).
+  Sending never blocks and never replaces an unsent message (which would lose its mass): the share stays
+  with us and leaves with a later snapshot. So sum_i w_i plus the mass in flight is N at every moment and
+  the weighted mean sum_i x_i / sum_i w_i moves only by local progress (tested to 1e-9).
+- **Credit: every step counts 1/N.** c = 1, as in SGP, whose optimizer steps the numerator (x_i -= lr g):
+  the network's mass moves by exactly the sum of all the peers' steps however messages and steps
+  interleave, so the weighted mean moves by lr times the mean gradient per step (tested to 1e-9, with equal
+  speeds and with a peer four times slower). Crediting the snapshot's weight w_i^s instead, exact in
+  lockstep, over-credits here: a receiver can mix our pushed share (and credit it to its own next step)
+  before our step ends; on a constant gradient the mean moved 1.24x the learning rate. The price of c = 1
+  is SGP's: in z a step counts 1 / w_i, more for a light peer, less for a heavy one. It is bounded:
+  c = min(1, CREDIT_BOUND w_i) (``credit_bounded`` counts the mixing points where the bound acted; with
+  flow control the weights stayed within 0.35-1.6 in our runs, so it did not).
 - **Heterogeneous rates.** With flow control every link carries about one message per step of the slower
   end, so a slow peer's weight stays near a fast one's and its snapshots are mixed once each, not once per
-  step of the faster neighbours; a fast peer's extra steps are credited with its own weight (no rate
-  compensation as in Assran & Rabbat's AGP: on shards drawn from one data set it is not needed).
+  step of the faster neighbours. Each step counts 1/N, so a peer taking twice the steps contributes twice
+  the gradients, as with an asynchronous parameter server. Assran & Rabbat's rate compensation (scaling a
+  peer's steps by its rate) would make each peer's data count equally instead; with shards drawn from one
+  data set it is not needed, and it is not done.
 - **The end.** A peer that has done its steps says "bye" to every peer it may have sent to, naming the
   number of rounds it sent that peer (one past the last), and drains: it waits until every in-neighbour
-  said bye and its last message is in, mixing everything that arrives. Peers still training keep pushing
-  to it (so mass flows out of a peer that trains on alone, and its last steps weigh less and less), and
-  nothing is lost: the final (z_i, w_i) of all peers hold exactly the network's mass, whose weighted
-  average is the run's model (``model-final.pt``). A finishing peer waits only for its neighbours' last
-  messages, never while it trains.
+  said bye and its last message is in, mixing everything that arrives. Nothing is sent to a finished
+  peer (its share stays with the sender), so a peer that trains on alone keeps its mass and every one of
+  its last steps still counts 1/N. The final (z_i, w_i) of all peers hold exactly the network's mass,
+  whose weighted average is the run's model (``model-final.pt``). A finishing peer waits only for its
+  neighbours' last messages, never while it trains.
 - **Dead neighbours** (``peer_timeout``) as in gossip-sync: not waited for, not sent to, their share kept;
   their mass at death is lost and the survivors' weights renormalise. A restarted one rejoins with its
   checkpoint's mass (``SyncGossip._rejoin``).
@@ -55,12 +59,16 @@ from gossip.mailbox import PushSumMailbox
 from gossip.wire import Header, encode
 
 
+CREDIT_BOUND = 4.0  # a step moves z by at most this many times what the optimizer did (weight below 1 / 4)
+
+
 class AsyncPushSum(SyncGossip):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._last_sent: dict[int, int] = {}  # out-neighbour -> the last round we queued a snapshot for it
         self._heard_at_send: dict[int, int] = {}  # out-neighbour -> messages we had from it when we last sent
         self.held_back: Counter[int] = Counter()  # out-neighbour -> snapshots not sent (flow control)
+        self.credit_bounded = 0  # mixing points whose progress was credited with less than 1 (_credit)
 
     @property
     def adaptive(self) -> bool:  # (the mass mailbox, mass carried between mixing points, no anchored rounds)
@@ -81,7 +89,7 @@ class AsyncPushSum(SyncGossip):
         if snapshot is None:  # the first mixing point
             snapshot = self.flat.snapshot()
         round = self.rounds
-        dests = self._live_out_neighbours(round)
+        dests = [k for k in self._live_out_neighbours(round) if k not in self.mailbox.bye_rounds]  # (finished)
         heard = {k: self.mailbox.received[k] for k in dests}  # (before sending: what arrives later is newer)
         ready = [k for k in dests if self._answered(k, round, heard[k])]
         pings = [k for k in ready if heard[k] == 0 and self._answers_us(k, round)]
@@ -103,13 +111,20 @@ class AsyncPushSum(SyncGossip):
         it (it is stepping, so that message is mixed at its next step), where it sends to us at all. A slow
         neighbour thus holds at most one message of ours, and our mass stays with us and is credited with
         our steps instead of piling up unmixed in its mailbox. Until we have heard from it at all (it may not
-        be stepping yet) our message is a massless ping. A neighbour that finished drains whatever it gets:
-        sending to it every time lets the mass of a peer that trains on alone flow out, so that its last
-        steps, on its shard alone, weigh less and less in the network's model."""
-        if (dest in self.mailbox.bye_rounds or dest not in self._heard_at_send
-                or not self._answers_us(dest, round)):
+        be stepping yet) our message is a massless ping."""
+        if dest not in self._heard_at_send or not self._answers_us(dest, round):
             return True
         return heard > self._heard_at_send[dest]
+
+    def _credit(self, own_weight: float, total: float) -> float:
+        """Every step is credited with mass 1, whatever our weight, as SGP steps x_i -= lr g: the network's
+        mass then moves by exactly the sum of all peers' steps, however messages and steps interleave. In z
+        that step counts 1 / w_i; at most ``CREDIT_BOUND`` times, so a peer whose weight fell far below 1
+        takes bounded steps (and its credit, CREDIT_BOUND w_i, is then short of 1)."""
+        if CREDIT_BOUND * total < 1.0:
+            self.credit_bounded += 1
+            return CREDIT_BOUND * total
+        return 1.0
 
     def _answers_us(self, dest: int, round: int) -> bool:
         return dest in self.topology.in_neighbors(self.rank, round)
@@ -146,4 +161,5 @@ class AsyncPushSum(SyncGossip):
 
     def statistics(self) -> dict:
         return {**super().statistics(), "received": sum(self.mailbox.received.values()),
+                "credit_bounded": self.credit_bounded,
                 "held_back": {str(k): n for k, n in sorted(self.held_back.items())}}

@@ -203,15 +203,22 @@ class SyncGossip(Averager):
         if own is None:  # we sent the live weights, so s_i = z_i: x_i = W_ii w_i z_i + sum_j m_j s_j
             scale = keep * own_weight / total
             terms = [(scale - 1.0, list(self.flat.views()))] if scale != 1.0 else []
-        else:
-            terms = [(own_weight / total - 1.0, list(self.flat.views()))] if own_weight != total else []
-            terms.append((-(1.0 - keep) * own_weight / total, own))
+        else:  # x_i = c (z_i - s_i) + k w_i^s s_i + sum_j m_j s_j, the progress z_i - s_i credited with c
+            credit = self._credit(own_weight, total)
+            terms = [(credit / total - 1.0, list(self.flat.views()))] if credit != total else []
+            terms.append(((keep * own_weight - credit) / total, own))
         terms += [(mass / total, chunks) for mass, chunks in arrived if mass > 0]
         with self._timed_mix():
             snapshot = self.flat.combine_(terms, snapshot=take_snapshot)
         self.weight = total
         self.rounds = round + 1
         return snapshot
+
+    def _credit(self, own_weight: float, total: float) -> float:
+        """The mass the local progress since our snapshot is credited with: the snapshot's weight w_i^s. In
+        lockstep every message is mixed one round after it was sent, so each unit of mass is credited with
+        exactly one step per round."""
+        return own_weight
 
     def _receive(self, round: int, final: bool) -> list[tuple[float, list[torch.Tensor]]]:
         """(mass, model chunks) of everything to add when completing ``round``."""
