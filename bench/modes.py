@@ -90,7 +90,7 @@ def run_all(args: argparse.Namespace) -> dict:
     for key in args.settings:
         name, nodes, speeds, compute_ms = SETTINGS[key]
         rows = results[name] = {}
-        for row in (*MODES, "DDP (gloo all-reduce)", "one process, all data"):
+        for row in (*args.modes, *(("DDP (gloo all-reduce)", "one process, all data") if args.baselines else ())):
             runs = []
             for seed in args.seeds:
                 out = args.out / f"n{nodes}-{row.split()[0].lower()}-s{seed}"
@@ -133,13 +133,16 @@ def main() -> None:
     parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",")], default=[0, 1, 2])
     parser.add_argument("--settings", type=lambda text: text.split(","), default=list(SETTINGS),
                         help="4 (4 equal peers), 8 (8 peers, one at speed 0.25, --compute-ms 5), or both")
+    parser.add_argument("--modes", type=lambda text: text.split(","), default=list(MODES))
+    parser.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run DDP and one process")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--targets", type=lambda text: [float(t) for t in text.split(",")], default=[0.93, 0.95])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "modes")
     args = parser.parse_args()
-    unknown = [s for s in args.settings if s not in SETTINGS]
-    if unknown:
-        parser.error(f"--settings {','.join(unknown)}: choose from {', '.join(SETTINGS)}")
+    for name, given, known in (("--settings", args.settings, SETTINGS), ("--modes", args.modes, MODES)):
+        if unknown := [s for s in given if s not in known]:
+            parser.error(f"{name} {','.join(unknown)}: choose from {', '.join(known)}")
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} is not empty; remove it or pass another --out")
     began = time.time()

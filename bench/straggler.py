@@ -128,18 +128,22 @@ def run_all(args: argparse.Namespace) -> dict:
         speeds = [1.0] * (nodes - 1) + [args.slow]
         results[str(nodes)] = rows = {}
         for name, extra in variants(args, nodes).items():
+            if args.only and args.only not in name:
+                continue
             out = args.out / f"n{nodes}-{slug(name)}"
             print(f"N={nodes}: {name} ...", flush=True)
             run_launcher(out, nodes, speeds, args, extra)
             rows[name] = analyse(out, args.target, 32)
-        out = args.out / f"n{nodes}-ddp"
-        print(f"N={nodes}: DDP ...", flush=True)
-        run_ddp(out, nodes, speeds, args)
-        rows["DDP (gloo all-reduce)"] = analyse(out, args.target, 32)
-    out = args.out / "single"
-    print("one process ...", flush=True)
-    run_launcher(out, 1, [1.0], args, [])
-    results["1"] = {"one process, all data, full speed": analyse(out, args.target, 32)}
+        if not args.only:
+            out = args.out / f"n{nodes}-ddp"
+            print(f"N={nodes}: DDP ...", flush=True)
+            run_ddp(out, nodes, speeds, args)
+            rows["DDP (gloo all-reduce)"] = analyse(out, args.target, 32)
+    if not args.only:
+        out = args.out / "single"
+        print("one process ...", flush=True)
+        run_launcher(out, 1, [1.0], args, [])
+        results["1"] = {"one process, all data, full speed": analyse(out, args.target, 32)}
     return results
 
 
@@ -189,6 +193,8 @@ def main() -> None:
     parser.add_argument("--round-seconds", type=float, default=0.2)
     parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--only", default="", help="run only the gossip rows whose name contains this "
+                                                    "(no DDP and one-process rows), e.g. push-sum")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "straggler")
     args = parser.parse_args()
     if args.out.exists() and any(args.out.iterdir()):

@@ -191,9 +191,25 @@ def add_flags(parser: argparse.ArgumentParser, table: list[tuple[str, str, str]]
         parser.add_argument(flag, dest=name, type=kind, default=default, metavar=name.upper(), help=help_text)
 
 
+MODES_EPILOG = """modes (each trains digits as well as ps-sync at its defaults, within 1.5 points; BENCHMARKS.md):
+  gossip-sync   D-PSGD as push-sum: each round waits for the in-neighbours (or, --deadline adaptive, at most
+                their learned deadline); peers move in lockstep with the slowest neighbour
+  gossip-async  asynchronous push-sum: never waits, each message mixed once, the weighted mean kept exactly
+                and every step counted 1/N; copies agree less closely than in lockstep
+                (--async-rule latest: the older rule, staleness weighting, does not keep the mean)
+  ps-sync       a server applies the mean of all N gradients per step: one machine at batch N*b, paced by
+                the slowest worker
+  ps-avg        workers take --local-steps steps, the server averages their weights
+  ps-async      the server applies each gradient on arrival; its lr and momentum are derived from --lr and
+                --momentum for the updates in flight (--server-lr, --server-momentum: auto)
+  ps-ssp        ps-async, but no worker runs more than --staleness-bound steps ahead of the slowest
+  ps-dcasgd     ps-async with DC-ASGD's delay compensation of stale gradients"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Start N local peers (or peers on several hosts, --hosts) that train "
-                     "one model together by gossip averaging over ZeroMQ, show their progress and summarise the run.")
+    parser = _Parser(prog=PROG, description="Start N local peers (or peers on several hosts, --hosts) that train one model\n"
+                     "together by gossip averaging over ZeroMQ, show their progress and summarise the run.",
+                     epilog=MODES_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, FLAGS)
     parser.add_argument("--progress", choices=("auto", "live", "plain", "off"), default="auto",
                         help="live table on a terminal, periodic lines otherwise (default: auto)")

@@ -1,14 +1,17 @@
 """gossip-async's push-sum rule, checked by exact invariants on real peer processes: the network's mass and
-weighted mean are kept, every step moves the mean by exactly its 1/N share, and a message is mixed once."""
+weighted mean are kept, every step moves the mean by exactly its 1/N share, a message is mixed once, and
+consensus contracts at least at the graph's synchronous rate."""
 
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
 import gossip
+import topologies
 from tests.test_transport import endpoints, run_peers, vector_model
 
 pytestmark = pytest.mark.timeout(150)
@@ -90,3 +93,27 @@ def test_a_message_is_mixed_once():
     changed = sum(not torch.equal(a[1], b[1]) for a, b in zip(history, history[1:]))
     assert 0 < changed <= stats[0]["received"]  # it did mix what came, once each
     assert sum(s["weight"] for s in stats) == pytest.approx(2.0, rel=1e-12), stats
+
+
+def test_consensus_contracts_at_least_as_fast_as_the_second_eigenvalue(launch_run):
+    """The consensus task on a ring of 8 at equal speeds (no training): while every peer is stepping, the
+    copies' distance from the exact mean shrinks per step at least at the synchronous rate, the
+    second-largest eigenvalue modulus of W (what arrives during a step is mixed at the next one)."""
+    nodes = 8
+    run = launch_run("--mode", "gossip-async", "--task", "consensus", "--steps", "80", "--dim", "16",
+                     "--compute-ms", "10", nodes=nodes)
+    traces = [np.load(run.out / f"trace-{rank}.npz")["values"] for rank in range(nodes)]
+    step_times = [[e["time"] for e in run.events(rank) if e["event"] == "step"] for rank in range(nodes)]
+    mean = np.stack([trace[0] for trace in traces]).mean(0)
+
+    def state(moment: float) -> tuple[float, float]:
+        """(distance of the copies from the mean, mean steps taken) at a moment of the run."""
+        done = [sum(t <= moment for t in times) for times in step_times]  # values[k]: after k steps
+        copies = np.stack([trace[k] for trace, k in zip(traces, done)])
+        return float(np.sqrt(((copies - mean) ** 2).sum(1).mean())), float(np.mean(done))
+
+    (first, steps_first), (last, steps_last) = (state(max(times[0] for times in step_times) + 0.02),
+                                                state(min(times[-1] for times in step_times)))
+    assert steps_last - steps_first >= 20 and last > 1e-12  # (a window long enough, above rounding)
+    rate = (last / first) ** (1 / (steps_last - steps_first))
+    assert rate <= topologies.build("ring", nodes).slem(0), rate

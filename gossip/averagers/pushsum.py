@@ -18,7 +18,8 @@ a later mixing point, whenever it comes.
 
 - **Mass is kept.** k = W_ii plus the shares W_ki of the out-neighbours the snapshot did not go to: a dead
   or finished one, one whose previous message still waits in our outbox, or one that flow control holds
-  back (``_answered``: at most one unanswered message per link; a massless ping until it first answers).
+  back (``_answered``: at most ``FLOW_WINDOW`` unanswered messages per link; a massless ping until it
+  first answers).
   Sending never blocks and never replaces an unsent message (which would lose its mass): the share stays
   with us and leaves with a later snapshot. So sum_i w_i plus the mass in flight is N at every moment and
   the weighted mean sum_i x_i / sum_i w_i moves only by local progress (tested to 1e-9).
@@ -30,18 +31,21 @@ a later mixing point, whenever it comes.
   before our step ends; on a constant gradient the mean moved 1.24x the learning rate. The price of c = 1
   is SGP's: in z a step counts 1 / w_i, more for a light peer, less for a heavy one. It is bounded:
   c = min(1, CREDIT_BOUND w_i) (``credit_bounded`` counts the mixing points where the bound acted; with
-  flow control the weights stayed within 0.35-1.6 in our runs, so it did not).
-- **Heterogeneous rates.** With flow control every link carries about one message per step of the slower
-  end, so a slow peer's weight stays near a fast one's and its snapshots are mixed once each, not once per
-  step of the faster neighbours. Each step counts 1/N, so a peer taking twice the steps contributes twice
-  the gradients, as with an asynchronous parameter server. Assran & Rabbat's rate compensation (scaling a
-  peer's steps by its rate) would make each peer's data count equally instead; with shards drawn from one
-  data set it is not needed, and it is not done.
+  flow control the weights stayed within about 0.35-1.9 in our runs, so it did not).
+- **Heterogeneous rates.** With flow control a link carries at most ``FLOW_WINDOW`` (1) message per step
+  of the slower end, so a slow peer's weight stays near a fast one's and its snapshots are mixed once each,
+  not once per step of the faster neighbours. (A window of 2 contracted a little faster with equal speeds,
+  0.75-0.76 per step against 0.78-0.80 on a ring of 8 whose second eigenvalue is 0.80, but let mass pile
+  up at a 4x slower peer: weight 2.8 at the end of the straggler benchmark, against 1.6.) Each step counts
+  1/N, so a peer taking twice the steps contributes twice the gradients, as with an asynchronous parameter
+  server. Assran & Rabbat's rate compensation (scaling a peer's steps by its rate) would make each peer's
+  data count equally instead; with shards drawn from one data set it is not needed, and it is not done.
 - **The end.** A peer that has done its steps says "bye" to every peer it may have sent to, naming the
   number of rounds it sent that peer (one past the last), and drains: it waits until every in-neighbour
-  said bye and its last message is in, mixing everything that arrives. Nothing is sent to a finished
-  peer (its share stays with the sender), so a peer that trains on alone keeps its mass and every one of
-  its last steps still counts 1/N. The final (z_i, w_i) of all peers hold exactly the network's mass,
+  said bye and its last message is in, mixing everything that arrives. A peer still training answers a
+  bye with its own at its next mixing point and sends nothing more there (its share stays with it), so
+  the finished peer's drain ends within a step, and a peer that trains on alone keeps its mass: every one
+  of its last steps still counts 1/N. The final (z_i, w_i) of all peers hold exactly the network's mass,
   whose weighted average is the run's model (``model-final.pt``). A finishing peer waits only for its
   neighbours' last messages, never while it trains.
 - **Dead neighbours** (``peer_timeout``) as in gossip-sync: not waited for, not sent to, their share kept;
@@ -59,6 +63,7 @@ from gossip.mailbox import PushSumMailbox
 from gossip.wire import Header, encode
 
 
+FLOW_WINDOW = 1  # messages per link that may wait unanswered (see _answered)
 CREDIT_BOUND = 4.0  # a step moves z by at most this many times what the optimizer did (weight below 1 / 4)
 
 
@@ -66,7 +71,9 @@ class AsyncPushSum(SyncGossip):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._last_sent: dict[int, int] = {}  # out-neighbour -> the last round we queued a snapshot for it
-        self._heard_at_send: dict[int, int] = {}  # out-neighbour -> messages we had from it when we last sent
+        self._heard_mark: dict[int, int] = {}  # out-neighbour -> messages we had from it when we last sent
+        self._unanswered: Counter[int] = Counter()  # out-neighbour -> our messages since it last sent to us
+        self._said_bye: set[int] = set()  # peers told we send them nothing more (they finished, or we did)
         self.held_back: Counter[int] = Counter()  # out-neighbour -> snapshots not sent (flow control)
         self.credit_bounded = 0  # mixing points whose progress was credited with less than 1 (_credit)
 
@@ -85,6 +92,10 @@ class AsyncPushSum(SyncGossip):
 
     def _gossip(self) -> None:
         self._prune_dead()
+        self._said_bye &= set(self.mailbox.bye_rounds)  # (a finished peer that started again is sent to again)
+        for peer in sorted(set(self.mailbox.bye_rounds).intersection(self._peers_in_any_round()) - self._said_bye):
+            # it finished: we send it nothing more
+            self._say_bye(peer)
         snapshot = self._complete_round(take_snapshot=True, final=False)
         if snapshot is None:  # the first mixing point
             snapshot = self.flat.snapshot()
@@ -100,7 +111,10 @@ class AsyncPushSum(SyncGossip):
                                              self.config.send_timeout)
                 sent += taken if weight else []
                 for dest in taken:
-                    self._last_sent[dest], self._heard_at_send[dest] = round, heard[dest]
+                    if heard[dest] > self._heard_mark.get(dest, -1):
+                        self._heard_mark[dest], self._unanswered[dest] = heard[dest], 0
+                    self._last_sent[dest] = round
+                    self._unanswered[dest] += 1
         self.held_back.update(k for k in dests if k not in sent)
         column = self.topology.mixing_matrix(round)[:, self.rank]
         keep = 1.0 - sum(float(column[k]) for k in sent)
@@ -108,13 +122,13 @@ class AsyncPushSum(SyncGossip):
 
     def _answered(self, dest: int, round: int, heard: int) -> bool:
         """Flow control: send to ``dest`` again only once it has sent us something since our last message to
-        it (it is stepping, so that message is mixed at its next step), where it sends to us at all. A slow
-        neighbour thus holds at most one message of ours, and our mass stays with us and is credited with
-        our steps instead of piling up unmixed in its mailbox. Until we have heard from it at all (it may not
-        be stepping yet) our message is a massless ping."""
-        if dest not in self._heard_at_send or not self._answers_us(dest, round):
+        it (it is stepping, so that message is mixed at its next step), where it sends to us at all; at most
+        ``FLOW_WINDOW`` messages wait unanswered. A slow neighbour thus holds at most that many messages of
+        ours, and our mass stays with us instead of piling up unmixed in its mailbox. Until we have heard
+        from it at all (it may not be stepping yet) our message is a massless ping."""
+        if dest not in self._heard_mark or not self._answers_us(dest, round):
             return True
-        return heard > self._heard_at_send[dest]
+        return heard > self._heard_mark[dest] or self._unanswered[dest] < FLOW_WINDOW
 
     def _credit(self, own_weight: float, total: float) -> float:
         """Every step is credited with mass 1, whatever our weight, as SGP steps x_i -= lr g: the network's
@@ -141,16 +155,21 @@ class AsyncPushSum(SyncGossip):
         if self.config.world_size < 2:
             return
         for dest in self._peers_in_any_round():
-            if dest in self.dead:
-                continue
-            bye = Header(kind="bye", sender=self.rank, round=self._last_sent.get(dest, -1) + 1, step=self.local_step)
-            try:
-                self.transport.post([dest], encode(bye), latest_only=False, timeout=self.config.send_timeout)
-            except PeerTimeout:  # its outbox stayed full: it no longer reads, so it will not wait for this
-                self.transport.forget(dest)
+            if dest not in self.dead and dest not in self._said_bye:
+                self._say_bye(dest)
         if self._pending is None:  # no mixing point yet: only what arrived is added
             self._pending = (self.rounds - 1, None, self.weight, 1.0)
         self._complete_round(take_snapshot=False, final=True)
+
+    def _say_bye(self, dest: int) -> None:
+        """Tell ``dest`` we send it nothing more, and how many rounds we sent it (one past the last): we
+        finished, or it did (then its drain ends as soon as our last message is in, while we train on)."""
+        self._said_bye.add(dest)
+        bye = Header(kind="bye", sender=self.rank, round=self._last_sent.get(dest, -1) + 1, step=self.local_step)
+        try:
+            self.transport.post([dest], encode(bye), latest_only=False, timeout=self.config.send_timeout)
+        except PeerTimeout:  # its outbox stayed full: it no longer reads, so it will not wait for this
+            self.transport.forget(dest)
 
     def _peers_in_any_round(self) -> tuple[int, ...]:
         """Everyone we may exchange with (every other peer on a time-varying graph)."""
