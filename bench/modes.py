@@ -19,7 +19,8 @@ mode produces (``model-final.pt``: the server's for ps-*, the push-sum weighted 
 gossip; DDP's identical copy), and the time from the first ``ready`` until the evaluated accuracy first
 reaches each of ``--targets`` (the server's evaluations for ps-*, otherwise the mean over peers of each
 one's latest evaluation, every ``--eval-every`` steps; 300 steps of digits end near 0.95, so the lower
-target shows the pace and the higher one whether a mode gets there at all). Results: ``bench/results/modes/results.json``.
+target shows the pace and the higher one whether a mode gets there at all).
+Results: ``bench/results/modes/results.json``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from straggler import free_port_range, read_events, run_ddp
+from straggler import free_port_range, mean_accuracy_curve, read_events, run_ddp
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("gossip-sync", "gossip-async", "ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")
@@ -63,18 +64,10 @@ def time_to(out: Path, targets: list[float]) -> dict[str, float | None]:
         peers.append([json.loads(line) for line in server.read_text().splitlines() if line.strip()])
     t0 = min(e["time"] for peer in peers for e in peer if e["event"] == "ready")
     if server.exists():  # the product is the server's model: its own evaluations
-        curve = [(e["time"], e["accuracy"]) for e in peers[-1] if e["event"] == "eval"]
+        curve = sorted((e["time"] - t0, e["accuracy"]) for e in peers[-1] if e["event"] == "eval")
     else:  # the mean over peers of each one's latest evaluation
-        evals = sorted((e["time"], rank, e["accuracy"]) for rank, peer in enumerate(peers) for e in peer
-                       if e["event"] == "eval")
-        evaluating = {rank for _, rank, _ in evals}
-        latest, curve = {}, []
-        for t, rank, accuracy in evals:
-            latest[rank] = accuracy
-            if len(latest) == len(evaluating):
-                curve.append((t, sum(latest.values()) / len(latest)))
-    return {f"{target:.2f}": next((t - t0 for t, accuracy in sorted(curve) if accuracy >= target), None)
-            for target in targets}
+        curve = mean_accuracy_curve(peers, t0)
+    return {f"{target:.2f}": next((t for t, accuracy in curve if accuracy >= target), None) for target in targets}
 
 
 def product_accuracy(out: Path) -> float:
@@ -111,7 +104,8 @@ def run_all(args: argparse.Namespace) -> dict:
 
 def summarise(runs: list[dict], targets: list[float]) -> list[str]:
     accuracy = [r["accuracy"] for r in runs]
-    cells = [f"{statistics.mean(accuracy):.4f}" + (f" ({min(accuracy):.3f}-{max(accuracy):.3f})" if len(runs) > 1 else "")]
+    spread = f" ({min(accuracy):.3f}-{max(accuracy):.3f})" if len(runs) > 1 else ""
+    cells = [f"{statistics.mean(accuracy):.4f}{spread}"]
     for target in targets:
         reached = [r["time_to"][f"{target:.2f}"] for r in runs if r["time_to"][f"{target:.2f}"] is not None]
         hit = f"{statistics.mean(reached):.2f} s" if reached else "not reached"

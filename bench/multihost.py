@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from straggler import mean_accuracy_curve  # noqa: E402 - (bench/, the script's directory)
 from tests import netns  # noqa: E402 - the namespaces the tests make
 from tests.conftest import free_base_port  # noqa: E402
 
@@ -77,15 +78,9 @@ def analyse(out: Path, target: float) -> dict:
     events = [[json.loads(line) for line in (out / f"peer-{r}.jsonl").read_text().splitlines() if line.strip()]
               for r in range(4)]
     t0 = min(e["time"] for peer in events for e in peer if e["event"] == "ready")
-    evals = sorted((e["time"] - t0, rank, e["accuracy"]) for rank, peer in enumerate(events)
-                   for e in peer if e["event"] == "eval")
-    evaluating = {rank for _, rank, _ in evals}
-    latest, curve = {}, []
-    for t, rank, accuracy in evals:
-        latest[rank] = accuracy
-        if len(latest) == len(evaluating):
-            curve.append((t, sum(latest.values()) / len(latest)))
+    curve = mean_accuracy_curve(events, t0)
     ends = [next(e for e in peer if e["event"] == "end") for peer in events]
+    evaluating = {rank for rank, peer in enumerate(events) if any(e["event"] == "eval" for e in peer)}
     final = [end["test"]["accuracy"] for rank, end in enumerate(ends) if rank in evaluating]
     return {"time_to_target": next((t for t, accuracy in curve if accuracy >= target), None),
             "final_accuracy": sum(final) / len(final), "wall_seconds": max(e["time"] for e in ends) - t0,

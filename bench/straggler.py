@@ -93,24 +93,32 @@ def read_events(out: Path) -> list[list[dict]]:
             for r in ranks]
 
 
+def mean_accuracy_curve(events: list[list[dict]], t0: float) -> list[tuple[float, float]]:
+    """(seconds since ``t0``, mean over the evaluating peers of each one's latest test accuracy), from the
+    moment every one of them has evaluated once."""
+    evals = sorted((e["time"] - t0, rank, e["accuracy"]) for rank, peer in enumerate(events) for e in peer
+                   if e["event"] == "eval")
+    evaluating = {rank for _, rank, _ in evals}
+    latest, curve = {}, []
+    for t, rank, accuracy in evals:
+        latest[rank] = accuracy
+        if len(latest) == len(evaluating):
+            curve.append((t, sum(latest.values()) / len(latest)))
+    return curve
+
+
 def analyse(out: Path, target: float, batch_size: int) -> dict:
     """Accuracy curve (time since the first ready, mean of the peers' latest evaluations), time and steps to
     ``target``, final accuracy of the averaged model and the total samples trained."""
     events = read_events(out)
     t0 = min(e["time"] for peer in events for e in peer if e["event"] == "ready")
-    evals = sorted((e["time"] - t0, rank, e["accuracy"], e["step"])
-                   for rank, peer in enumerate(events) for e in peer if e["event"] == "eval")
-    evaluating = {rank for _, rank, _, _ in evals}
-    latest, curve = {}, []
-    for t, rank, accuracy, step in evals:
-        latest[rank] = (accuracy, step)
-        if len(latest) == len(evaluating):
-            curve.append((t, sum(a for a, _ in latest.values()) / len(latest)))
+    curve = mean_accuracy_curve(events, t0)
     hit = next((t for t, accuracy in curve if accuracy >= target), None)
     ends = [next(e for e in peer if e["event"] == "end") for peer in events]
     ddp = not (out / "summary.json").exists()
     if ddp:  # every rank did every step; rank 0 evaluated the (identical) model
-        steps_at = (lambda t: max((s for tt, _, _, s in evals if tt <= t), default=0))
+        steps_at = (lambda t: max((e["step"] for e in events[0] if e["event"] == "eval" and e["time"] - t0 <= t),
+                                  default=0))
         final, total_steps = ends[0]["test"]["accuracy"], ends[0]["step"] * len(events)
     else:
         step_times = [[e["time"] - t0 for e in peer if e["event"] == "step"] for peer in events]

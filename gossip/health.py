@@ -31,5 +31,7 @@ def model_problem(tensors: Iterable[torch.Tensor]) -> str | None:
         return None
     if not all(bool(torch.isfinite(t).all()) for t in tensors):
         return "its weights hold NaN or Inf"
-    norm = math.sqrt(square) if math.isfinite(square) else math.sqrt(sum(float(t.double().square().sum()) for t in tensors))
+    if not math.isfinite(square):  # (float32 overflowed: add up in float64)
+        square = sum(float(t.double().square().sum()) for t in tensors)
+    norm = math.sqrt(square)
     return f"its weights have blown up (L2 norm {norm:.3g}, the limit is {BLOWN_UP_NORM:.0e})"

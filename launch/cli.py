@@ -207,8 +207,8 @@ MODES_EPILOG = """modes (each trains digits as well as ps-sync at its defaults, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Start N local peers (or peers on several hosts, --hosts) that train one model\n"
-                     "together by gossip averaging over ZeroMQ, show their progress and summarise the run.",
+    parser = _Parser(prog=PROG, description="Start N local peers (or peers on several hosts, --hosts) that train "
+                     "one model\ntogether by gossip averaging over ZeroMQ, show their progress and summarise the run.",
                      epilog=MODES_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, FLAGS)
     parser.add_argument("--progress", choices=("auto", "live", "plain", "off"), default="auto",

@@ -71,7 +71,7 @@ class AsyncPushSum(SyncGossip):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._last_sent: dict[int, int] = {}  # out-neighbour -> the last round we queued a snapshot for it
-        self._heard_mark: dict[int, int] = {}  # out-neighbour -> messages we had from it when we last sent
+        self._heard_mark: dict[int, int] = {}  # out-neighbour -> messages we had from it at its last answer
         self._unanswered: Counter[int] = Counter()  # out-neighbour -> our messages since it last sent to us
         self._said_bye: set[int] = set()  # peers told we send them nothing more (they finished, or we did)
         self.held_back: Counter[int] = Counter()  # out-neighbour -> snapshots not sent (flow control)

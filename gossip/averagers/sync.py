@@ -197,7 +197,7 @@ class SyncGossip(Averager):
             return snapshot
         total = keep * own_weight + sum(mass for mass, _ in arrived)
         self._release_sent()
-        if total <= 0.0:  # no mass left (gossip-async: it all flowed to finished neighbours): z stays as it is
+        if total <= 0.0:  # no mass left to divide by (a weight that underflowed): z stays as it is
             self.weight, self.rounds = 0.0, round + 1
             return self.flat.snapshot() if take_snapshot else None
         if own is None:  # we sent the live weights, so s_i = z_i: x_i = W_ii w_i z_i + sum_j m_j s_j
