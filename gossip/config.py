@@ -78,6 +78,12 @@ class GossipConfig:
     send_timeout: float = 60.0  # seconds a message may wait for a slow or absent receiver
     shutdown_timeout: float = 10.0  # seconds to flush outgoing messages on close
     seed: int = 0
+    # What no honest message of this run can exceed (0: unknown, e.g. a library user's config): the run's
+    # rounds and steps, and a push-sum weight. Set from the run's flags by RunConfig; a message that claims
+    # more is dropped (``gossip/mailbox.py``).
+    max_rounds: int = 0
+    max_steps: int = 0
+    max_weight: float = 0.0
 
     def __post_init__(self) -> None:
         _check_int(self, "world_size", minimum=1)
@@ -288,7 +294,18 @@ class RunConfig:
                               "and every peer does as many local steps as fit in a round")
         if self.gossip.schedule == "steps" and self.rounds:
             raise ConfigError("--rounds applies to --schedule time; with --schedule steps the run lasts --steps steps")
+        object.__setattr__(self, "gossip", dataclasses.replace(self.gossip, **self._horizon()))
         _check_per_peer(self, "link_mbit", lambda v: 0 <= v <= 1e6, "rates in Mbit/s >= 0 (0: unlimited)")
+
+    def _horizon(self) -> dict[str, Any]:
+        """The bounds of GossipConfig's ``max_*`` fields for this run. A push-sum weight is at most the
+        network's whole mass: N, or with ``--weight-by samples`` N times the samples of a round (under
+        schedule "time" a round's steps are not known in advance, so that weight is left unbounded)."""
+        by_steps = self.gossip.schedule == "steps"
+        weight = float(self.nodes)
+        if self.gossip.weight_by == "samples":
+            weight = float(self.nodes * self.batch_size * self.gossip.gossip_every) if by_steps else 0.0
+        return {"max_rounds": self.total_rounds, "max_steps": self.steps if by_steps else 0, "max_weight": weight}
 
     @property
     def total_rounds(self) -> int:

@@ -21,6 +21,8 @@ import torch
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.wire import Header, Layout, Message, decode
 
+CONFIRM_SECONDS = 1.0  # a second hello waits this long for the drop of our link that proves a restart
+PER_WORKER = 4  # messages of one worker the parameter server's queue holds: a hello, a contribution, a bye
 Expects = Callable[[int, int], bool]  # (sender, round) -> is sender one of our in-neighbours then
 Share = Callable[[int, int], float]  # (sender, round) -> W[us, sender] in that round: our share of its mass
 
@@ -52,6 +54,10 @@ class Mailbox:
         self.world_size = world_size
         self.layout = layout
         self.expects = expects
+        # What no honest header exceeds (0: unbounded); the averager sets them from its config.
+        self.max_rounds = self.max_steps = 0
+        self.max_weight = 0.0
+        self.rejoining = False  # welcomes are taken only while we rejoin
         self.local_step = 0  # written by the training thread, read at arrival
         self._cond = threading.Condition()
         self._heard: set[int] = set()  # senders we have had any message from
@@ -60,6 +66,9 @@ class Mailbox:
         self.peer_timeout = 3.0
         self._down_since: dict[int, float] = {}  # neighbour -> when our connection to it dropped
         self._restarted: set[int] = set()  # said hello a second time: a new incarnation, not yet re-admitted
+        self._unconfirmed: dict[int, float] = {}  # said hello again while our link to it was up: since when
+        self._drops: Counter[int] = Counter()  # neighbour -> times our connection to it dropped
+        self._drops_at_hello: dict[int, int] = {}  # neighbour -> _drops when we last believed its hello
         self._declared: set[int] = set()  # declared dead and not re-admitted since
         self._up: set[int] = set()  # neighbours we have completed a handshake with at least once
         self._finished: set[int] = set()  # said bye (gossip-async): disconnected, but not dead
@@ -77,22 +86,56 @@ class Mailbox:
             raise ProtocolError("sender", f"a message claims to come from ourselves (peer {sender})")
         if message.header.kind not in self.accepts:
             raise ProtocolError("kind", f"a {message.header.kind} message from peer {sender} has no place here")
+        self._check_claims(message.header)
         kind = message.header.kind
         with self._cond:
             if kind == "welcome":  # we restarted, and ``sender`` takes us back in its round
+                if not self.rejoining:
+                    raise ProtocolError("welcome", f"a welcome from peer {sender}, but we are not rejoining")
                 self.first.setdefault(sender, message.header)
+            else:
+                self._file(message)
+            # only what was filed counts: a rejected message neither greets nor reports a pace
+            if kind == "hello" and (sender in self._heard or sender in self._declared):
+                self._hello_again(sender)
             elif kind == "hello":
-                if sender in self._heard or sender in self._declared:  # it started again: a new incarnation
-                    self._restarted.add(sender)
-                    self._restart(sender)
-            elif kind != "bye":
+                self._drops_at_hello[sender] = self._drops[sender]
+            elif kind not in ("bye", "welcome"):
                 self.reported[sender] = message.header
                 if self.keep_first and sender in self.first and message.chunks:
                     self._first_models.setdefault(sender, [c.clone() for c in message.chunks])
             self._heard.add(sender)
-            if kind != "welcome":
-                self._file(message)
             self._cond.notify_all()
+
+    def _check_claims(self, header: Header) -> None:
+        """Bound every number a header carries by what the run allows, before anything changes."""
+        sender = header.sender
+        if self.max_weight and header.weight > self.max_weight:
+            raise ProtocolError("weight", f"peer {sender} claims push-sum weight {header.weight:g}; the whole "
+                                          f"network holds {self.max_weight:g}")
+        if self.max_rounds and header.round > self.max_rounds + 1:
+            raise ProtocolError("horizon", f"peer {sender} names round {header.round}; the run has "
+                                           f"{self.max_rounds}")
+        if self.max_steps and header.step > self.max_steps:
+            raise ProtocolError("horizon", f"peer {sender} names step {header.step}; the run has {self.max_steps}")
+
+    def _hello_again(self, sender: int) -> None:
+        """A second hello (lock held). A new incarnation is a new process, and the old one's connections
+        closed when it ended: believed when our link to ``sender`` dropped since its last hello (or it was
+        declared dead, or we never had a link to it). Otherwise it is held for ``CONFIRM_SECONDS``, in case
+        the drop is reported just after the hello, and forgotten after: a hello forged in a live
+        neighbour's name does not make us stop waiting for it."""
+        if sender in self._declared or sender not in self._up or \
+                self._drops[sender] > self._drops_at_hello.get(sender, 0):
+            self._believe_restart(sender)
+        else:
+            self._unconfirmed[sender] = time.monotonic()
+
+    def _believe_restart(self, sender: int) -> None:
+        self._unconfirmed.pop(sender, None)
+        self._drops_at_hello[sender] = self._drops[sender]
+        self._restarted.add(sender)
+        self._restart(sender)
 
     def _restart(self, sender: int) -> None:
         """Forget per-sender state that a new incarnation of ``sender`` starts over (lock held)."""
@@ -106,6 +149,9 @@ class Mailbox:
                 self._up.add(peer)
             else:
                 self._down_since.setdefault(peer, time.monotonic())
+                self._drops[peer] += 1
+                if time.monotonic() - self._unconfirmed.pop(peer, -CONFIRM_SECONDS) < CONFIRM_SECONDS:
+                    self._believe_restart(peer)
             self._cond.notify_all()
 
     def _dead(self) -> set[int]:
@@ -433,11 +479,15 @@ class QueueMailbox(Mailbox):
         self._queue: deque[Message] = deque()
 
     def _file(self, message: Message) -> None:
-        if not self.expects(message.header.sender, message.header.round):
-            raise ProtocolError("sender", f"peer {message.header.sender} is not a worker of this server")
-        if len(self._queue) >= self.capacity:  # a worker waits for its reply, so only a flood gets here
-            raise ProtocolError("flood", f"{len(self._queue)} messages already wait; dropped one from "
-                                         f"peer {message.header.sender}")
+        sender = message.header.sender
+        if not self.expects(sender, message.header.round):
+            raise ProtocolError("sender", f"peer {sender} is not a worker of this server")
+        # A worker waits for its reply, so only a flood gets here; each sender has its own share, so one
+        # flooding worker cannot crowd out the others' messages.
+        waiting = sum(1 for queued in self._queue if queued.header.sender == sender)
+        if waiting >= PER_WORKER or len(self._queue) >= self.capacity:
+            raise ProtocolError("flood", f"{waiting} messages from peer {sender} already wait "
+                                         f"({len(self._queue)} in all); dropped its next")
         self._queue.append(message)
 
     def get(self, timeout: float) -> Message | None:

@@ -8,9 +8,10 @@ Part of the transport layer (with ``transport.py``, the only modules that import
 
 Every ROUTER is a CURVE server with its own key pair, and a ZAP authenticator admits only clients whose
 public key is in ``public/``; every DEALER is a CURVE client that knows the public key of the peer it
-dials, so it never talks to an impostor bound on that peer's address. A received message's ``User-Id`` is
-the sender's authenticated public key, which the transport maps back to its rank: a peer with a valid key
-cannot pose as another rank either. Copy ``public/`` and each host's own secret keys to every host.
+dials, so it never talks to an impostor bound on that peer's address. Only the keys of this run's ranks are
+admitted (``peer-0`` .. ``peer-<N-1>``, and ``server`` in the parameter-server modes): any other file in
+``public/`` admits no one. A received message's ``User-Id`` is the sender's authenticated public key,
+which the transport maps back to its rank: a peer with a valid key cannot pose as another rank either. Copy ``public/`` and each host's own secret keys to every host.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ class CurveKeys:
         return next((rank for rank, public in self.peers.items() if public == key), None)
 
 
-def load_keys(keydir: str | Path, rank: int, world_size: int) -> CurveKeys:
+def load_keys(keydir: str | Path, rank: int, world_size: int, server: bool = False) -> CurveKeys:
+    """Our key pair and the public keys of this run's ranks: ``peer-0`` .. ``peer-<N-1>``, and ``server``
+    when the run has a parameter server. Any other file in ``public/`` is ignored: it admits no one."""
     keydir = Path(keydir)
     own = keydir / "private" / f"{key_name(rank, world_size)}.key_secret"
     if not own.is_file():
@@ -55,7 +58,7 @@ def load_keys(keydir: str | Path, rank: int, world_size: int) -> CurveKeys:
     try:
         public, secret = zmq.auth.load_certificate(own)
         peers = {rank: zmq.auth.load_certificate(path)[0]
-                 for rank in range(world_size + 1)
+                 for rank in range(world_size + (1 if server else 0))
                  if (path := keydir / "public" / f"{key_name(rank, world_size)}.key").is_file()}
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the keys in {keydir}: {exc}") from exc
@@ -91,11 +94,25 @@ def secure_dealer(socket: zmq.Socket, keys: CurveKeys, dest: int) -> None:
 
 
 def start_authenticator(context: zmq.asyncio.Context, keys: CurveKeys) -> AsyncioAuthenticator:
-    """ZAP handler on the running loop: admit only the public keys in ``public/``."""
+    """ZAP handler on the running loop: admit only the public keys of this run's ranks (``keys.peers``), so
+    a stray key in ``public/`` (one made for a larger run, say) is refused at the handshake."""
     authenticator = AsyncioAuthenticator(context)
     authenticator.start()
-    authenticator.configure_curve(domain="*", location=str(keys.public_dir))
+    authenticator.configure_curve_callback(domain="*", credentials_provider=_RunKeys(keys))
     return authenticator
+
+
+class _RunKeys:
+    """The ZAP credentials provider: a client key is admitted when it is one of the run's ranks."""
+
+    def __init__(self, keys: CurveKeys) -> None:
+        self.allowed = frozenset(keys.peers.values())
+        self.refused = 0
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        admitted = key in self.allowed
+        self.refused += not admitted
+        return admitted
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,13 @@ Socket options, deliberately:
 - SNDHWM = 2 per DEALER: at most two whole messages wait inside libzmq per neighbour (HWM counts whole
   multipart messages); beyond that our own bounded per-neighbour queue decides: sync sends wait (up to
   ``send_timeout``), async sends replace the stale queued snapshot.
-- RCVHWM bounds what a flood can park in libzmq; MAXMSGSIZE disconnects a sender of an oversized frame.
+- RCVHWM bounds how many complete messages a connection can park in libzmq; MAXMSGSIZE (the largest frame
+  our model's layout has, plus the header's limit) disconnects a sender of an oversized frame before it
+  is read. Neither bounds one message of endless frames: ``gossip/inbound.py`` watches every accepted
+  connection's received bytes against what it delivered, cuts one that holds more than the protocol allows,
+  and caps the number of connections (``max_connections``; the oldest that never sent a valid message goes).
+- HANDSHAKE_IVL: a connection that has not completed its handshake (CURVE included) within
+  ``HANDSHAKE_SECONDS`` is closed, so an unauthenticated one cannot hold a descriptor for long.
 - LINGER = 0 everywhere, except that on close the DEALERs linger up to ``shutdown_timeout`` so the final
   round reaches neighbours that are still waiting for it.
 
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import threading
 import time
 from collections import Counter
@@ -55,13 +62,15 @@ from zmq.utils.monitor import parse_monitor_message
 from gossip.address import ipc_endpoint
 from gossip.alloc import keep_freed_memory
 from gossip.errors import PeerTimeout, PeerUnreachable, ProtocolError, TransportError
+from gossip.inbound import CHECK_SECONDS, InboundGuard
 from gossip.loop import LoopThread
 from gossip.security import CurveKeys, secure_dealer, secure_router, start_authenticator
-from gossip.wire import MAX_CHUNK_BYTES
+from gossip.wire import MAX_CHUNK_BYTES, MAX_HEADER_BYTES
 
 log = logging.getLogger("gossip.transport")
 Handler = Callable[[int | None, Sequence[Any]], None]  # (authenticated sender rank or None, frames)
 _WARN_FIRST = 5  # warnings per drop reason before we only warn on every 1000th
+HANDSHAKE_SECONDS = 5.0
 
 
 class Transport:
@@ -71,7 +80,8 @@ class Transport:
                  queue_depth: int = 8, shutdown_timeout: float = 10.0, recv_queue: int = 256,
                  keys: CurveKeys | None = None, delays: Sequence[float] = (),
                  on_link: Callable[[int, bool], None] | None = None, heartbeat_timeout: float = 3.0,
-                 ipc: bool = False) -> None:
+                 ipc: bool = False, max_frame_bytes: int = MAX_CHUNK_BYTES, max_message_bytes: int = 0,
+                 max_connections: int = 64) -> None:
         self.rank = rank
         self._on_link = on_link
         self._heartbeat_ms = int(heartbeat_timeout * 1000)
@@ -83,6 +93,11 @@ class Transport:
         self._queue_depth = queue_depth
         self._shutdown_timeout = shutdown_timeout
         self._recv_queue = recv_queue
+        self._max_frame = min(max_frame_bytes, MAX_CHUNK_BYTES) + MAX_HEADER_BYTES
+        # what one connection may hold in libzmq: its queue of complete messages and one being assembled
+        largest = max(max_message_bytes, MAX_HEADER_BYTES) if max_message_bytes else MAX_CHUNK_BYTES
+        self.guard = InboundGuard((recv_queue + 2) * largest, max_connections)
+        self._guards: list[asyncio.Task[None]] = []
         self._delays = list(delays) or [0.0] * len(self.endpoints)
         self._ipc = ipc and zmq.has("ipc")
         self.routes: dict[int, str] = {}  # destination -> "ipc" or "tcp", once connected
@@ -90,6 +105,7 @@ class Transport:
         self._outboxes: dict[int, _Outbox] = {}
         self._context: zmq.asyncio.Context | None = None
         self._router: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
         self._receiver: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None  # set when the receive task dies of a bug
         self.bytes_sent = self.bytes_received = self.messages_sent = self.messages_received = 0
@@ -99,16 +115,18 @@ class Transport:
     # -- life cycle ------------------------------------------------------------------------------------
     def start(self, timeout: float = 10.0) -> None:
         keep_freed_memory()
+        _raise_descriptor_limit()
         self._thread.start()
         self._thread.run(self._open(), timeout, f"binding {self.bind_endpoint}")
 
     async def _open(self) -> None:
         self._context = zmq.asyncio.Context()
-        router = self._context.socket(zmq.ROUTER)
+        router = self._socket(zmq.ROUTER, "listen")
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.setsockopt(zmq.RCVHWM, self._recv_queue)
-        router.setsockopt(zmq.MAXMSGSIZE, MAX_CHUNK_BYTES + 4096)
+        router.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
+        router.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_SECONDS * 1000))
         if self.keys is not None:
             self._authenticator = start_authenticator(self._context, self.keys)
             secure_router(router, self.keys)
@@ -124,8 +142,12 @@ class Transport:
                 hint = f"; {if_taken}" if exc.errno == zmq.EADDRINUSE else ""
                 raise PeerUnreachable(f"peer {self.rank} cannot listen on {endpoint}: {exc.strerror}{hint}") from exc
         self._router = router
-        self._receiver = asyncio.get_running_loop().create_task(self._receive_forever(router))
-        self._receiver.add_done_callback(self._note_failure)
+        loop = asyncio.get_running_loop()
+        self._monitor = router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+        self._guards = [loop.create_task(self._watch_inbound(self._monitor)), loop.create_task(self._guard_forever())]
+        self._receiver = loop.create_task(self._receive_forever(router))
+        for task in (self._receiver, *self._guards):
+            task.add_done_callback(self._note_failure)
 
     def close(self, flush_timeout: float | None = None) -> None:
         """Close every socket and stop the loop. First deliver what is queued for up to ``flush_timeout``
@@ -149,12 +171,16 @@ class Transport:
             linger = 0
             log.warning("peer %d: %d queued messages were not sent within %.0f s", self.rank,
                         sum(o.queue.qsize() for o in self._outboxes.values()), flush_timeout)
-        if self._receiver is not None:
-            self._receiver.cancel()
+        for task in (self._receiver, *self._guards):
+            if task is not None:
+                task.cancel()
         for outbox in self._outboxes.values():
             outbox.close(linger)
         if self._router is not None:
+            self._router.disable_monitor()
+            self._monitor.close(linger=0)
             self._router.close(linger=0)
+        self.guard.close()
         if self._authenticator is not None:
             self._authenticator.stop()
         context, self._context = self._context, None
@@ -243,7 +269,7 @@ class Transport:
         if outbox is None:
             if not 0 <= dest < len(self.endpoints):
                 raise PeerUnreachable(f"no endpoint for peer {dest}")
-            socket = self._context.socket(zmq.DEALER)
+            socket = self._socket(zmq.DEALER, f"send to peer {dest}")
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.SNDHWM, 2)
             socket.setsockopt(zmq.RECONNECT_IVL, 100)
@@ -293,46 +319,77 @@ class Transport:
             event = parse_monitor_message(await outbox.monitor.recv_multipart())["event"]
             self._on_link(outbox.dest, event == zmq.EVENT_HANDSHAKE_SUCCEEDED)
 
+    def _socket(self, kind: int, purpose: str) -> zmq.asyncio.Socket:
+        try:
+            return self._context.socket(kind)
+        except zmq.ZMQError as exc:  # EMFILE above all: every descriptor of the process is in use
+            raise PeerUnreachable(f"peer {self.rank} cannot open a socket to {purpose}: {exc.strerror} "
+                                  "(raise the open-file limit, ulimit -n)") from exc
+
     # -- receiving -------------------------------------------------------------------------------------
     async def _receive_forever(self, router: zmq.asyncio.Socket) -> None:
         while True:
             identity, *frames = await router.recv_multipart(copy=False)
+            nbytes = sum(len(f) for f in frames)
             self.messages_received += 1
-            self.bytes_received += sum(len(f) for f in frames)
+            self.bytes_received += nbytes
+            valid = False
             try:
                 self._handler(self._authenticated(identity), frames)
+                valid = True
             except ProtocolError as exc:
                 self.dropped[exc.reason] += 1
                 count = self.dropped[exc.reason]
                 if count <= _WARN_FIRST or count % 1000 == 0:
                     log.warning("peer %d dropped a message from %s (%s, %d so far): %s",
                                 self.rank, self._sender_name(identity), exc.reason, count, exc)
+            self.guard.delivered(identity.get(zmq.SRCFD), nbytes + len(identity), len(frames) + 1, valid)
             # A ready message makes ``await recv`` return without yielding; yield so that a flood of
             # incoming messages cannot starve our own sends.
             await asyncio.sleep(0)
 
     def _authenticated(self, identity: zmq.Frame) -> int | None:
         """With CURVE, the rank whose key authenticated the connection (so a peer cannot claim another's
-        rank); without, None: nothing but the message's own header says who sent it."""
-        return None if self.keys is None else self.keys.rank_of(identity.get("User-Id") or "")
+        rank); without, None: nothing but the message's own header says who sent it. A key that is no rank
+        of this run never gets past the handshake; should one, its messages are dropped, never believed."""
+        if self.keys is None:
+            return None
+        rank = self.keys.rank_of(identity.get("User-Id") or "")
+        if rank is None:
+            raise ProtocolError("unknown-key", "a connection authenticated with a key that is no rank of this run")
+        return rank
 
     def _sender_name(self, identity: zmq.Frame) -> str:
-        rank = self._authenticated(identity)
+        rank = self.keys.rank_of(identity.get("User-Id") or "") if self.keys is not None else None
         return f"peer {rank}" if rank is not None else f"connection {identity.bytes.hex()}"
+
+    async def _watch_inbound(self, monitor: zmq.asyncio.Socket) -> None:
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self.guard.accepted(int(event["value"]))
+            else:
+                self.guard.closed(int(event["value"]))
+
+    async def _guard_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_SECONDS)
+            self.guard.check()
 
     def _note_failure(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.failure = task.exception()
-            log.error("peer %d: the receive loop died: %r", self.rank, self.failure)
+            log.error("peer %d: a transport task died: %r", self.rank, self.failure)
 
     def raise_if_failed(self) -> None:
         if self.failure is not None:
-            raise TransportError(f"peer {self.rank}'s receive loop failed: {self.failure!r}") from self.failure
+            raise TransportError(f"peer {self.rank}'s transport failed: {self.failure!r}") from self.failure
 
     def statistics(self) -> dict[str, Any]:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "messages_sent": self.messages_sent, "messages_received": self.messages_received,
-                "replaced": self.replaced, "dropped": dict(self.dropped),
+                "replaced": self.replaced,
+                "dropped": {**self.dropped, **{f"cut-{reason}": n for reason, n in self.guard.cut.items()}},
                 "routes": {str(dest): route for dest, route in sorted(self.routes.items())}}
 
 
@@ -389,4 +446,15 @@ class _Outbox:
             self.socket.disable_monitor()
             self.monitor.close(linger=0)
         self.socket.close(linger=linger)
+
+
+
+def _raise_descriptor_limit() -> None:
+    """Every connection costs a descriptor (two while the inbound guard watches it): use the hard limit."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+    except (ValueError, OSError):  # not allowed: the soft limit stays
+        pass
 

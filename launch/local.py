@@ -155,7 +155,7 @@ def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_
     load_task(cfg.task)  # an unknown task fails here, in one line, not in N peers
     if cfg.gossip.secure:  # so do missing keys
         for rank in range(cfg.nodes + (1 if cfg.gossip.parameter_server else 0)):
-            load_keys(cfg.gossip.secure, rank, cfg.nodes)
+            load_keys(cfg.gossip.secure, rank, cfg.nodes, cfg.gossip.parameter_server)
     cfg, links = with_links(cfg)
     if links is None:
         check_ports(cfg)  # in fresh namespaces every port is free

@@ -65,6 +65,57 @@ def kinds(layout: Layout, world_size: int, rng: random.Random) -> dict[str, Call
     }
 
 
+def forged(layout: Layout, kind: str, sender: int, **fields) -> list:
+    """A well-formed message of ``kind`` in ``sender``'s name (a params message carries zeros)."""
+    if kind in ("params", "grad"):
+        return _with_header(_valid(layout, sender, 0), k=kind, **fields)
+    return [msgpack.packb({**msgpack.unpackb(Header(kind=kind, sender=sender).pack()), **fields})]
+
+
+class Stranger:
+    """Plain ZeroMQ clients aimed at one endpoint: bounded in count, closed with ``close``."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.context = zmq.Context()
+        self.sockets: list[zmq.Socket] = []
+
+    def connect(self) -> zmq.Socket:
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.connect(self.endpoint)
+        self.sockets.append(sock)
+        return sock
+
+    def send(self, *messages: list) -> None:
+        sock = self.sockets[0] if self.sockets else self.connect()
+        for frames in messages:
+            sock.send_multipart(frames)
+
+    def endless_message(self, frame_bytes: int, frames: int, timeout: float = 30) -> bool:
+        """One multipart message of ``frames`` frames of ``frame_bytes`` (all views of one buffer); True
+        once the victim has cut the connection (within ``timeout`` seconds)."""
+        sock = self.connect()
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            payload = memoryview(bytearray(frame_bytes))
+            sock.send_multipart([payload] * frames, copy=False)
+            return bool(monitor.poll(timeout * 1000))
+        finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+
+    def idle(self, count: int) -> None:
+        for _ in range(count):
+            self.connect()
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close(linger=0)
+        self.context.term()
+
+
 def victim_layout(task: str = "digits", world_size: int = 4) -> Layout:
     return FlatParams(build_task(task, TaskContext(0, world_size, 0)).model, 8 << 20).layout
 

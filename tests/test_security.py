@@ -42,8 +42,9 @@ def test_gossip_keys_command_writes_public_and_private_keys(tmp_path):
     assert sorted(p.name for p in (tmp_path / "k" / "public").iterdir()) == ["peer-0.key", "peer-1.key", "server.key"]
     assert sorted(p.name for p in (tmp_path / "k" / "private").iterdir()) == [
         "peer-0.key_secret", "peer-1.key_secret", "server.key_secret"]
-    keys = load_keys(tmp_path / "k", rank=2, world_size=2)  # the server's
+    keys = load_keys(tmp_path / "k", rank=2, world_size=2, server=True)  # the server's
     assert set(keys.peers) == {0, 1, 2}
+    assert set(load_keys(tmp_path / "k", rank=0, world_size=2).peers) == {0, 1}  # no server: its key admits no one
     with pytest.raises(ConfigError, match="create the keys with: gossip-keys"):
         load_keys(tmp_path / "nowhere", rank=0, world_size=2)
 

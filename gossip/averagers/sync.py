@@ -98,8 +98,12 @@ class SyncGossip(Averager):
 
         if self.adaptive:
             return MassMailbox(self.rank, self.config.world_size, self.flat.layout, expects, share)
+        # In lockstep on a fixed undirected graph a neighbour is at most one round ahead of us (it needs our
+        # message to finish each round); on a directed or time-varying one it can lead by as many rounds
+        # as the graph's diameter, at most N - 1.
+        lockstep = not (self.topology.directed or self.topology.time_varying)
         return RoundMailbox(self.rank, self.config.world_size, self.flat.layout, expects,
-                            window=max(2, self.config.world_size))
+                            window=2 if lockstep else max(2, self.config.world_size))
 
     def _gossip(self) -> None:
         if not self.config.overlap:
@@ -227,7 +231,8 @@ class SyncGossip(Averager):
             with self._timed_wait():
                 messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
             row = self.topology.mixing_matrix(round)[self.rank]
-            return [(float(row[j]) * m.header.weight, m.chunks) for j, m in messages.items()]
+            # in rank order, not arrival order: the same sums in the same order make a run reproducible
+            return [(float(row[j]) * m.header.weight, m.chunks) for j, m in sorted(messages.items())]
         with self._timed_wait():
             if final:
                 self.mailbox.wait_counts(self._expected_counts(round), self.config.round_timeout)

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from gossip.averagers.base import transport_keys
+from gossip.averagers.base import inbound_limits, transport_keys
 from gossip.config import RunConfig
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.modes import SENDS_WEIGHTS, build_core, server_optimizer
 from gossip import checkpoint
 from gossip.device import cpu_state
-from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped
+from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped, TransportError
 from gossip.flat import FlatParams
 from gossip.health import model_problem
 from gossip.mailbox import QueueMailbox
@@ -54,12 +54,14 @@ class ParameterServer:
         self.mailbox = QueueMailbox(self.rank, self.workers + 1, self.flat.layout,
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
                                     contribution=contribution)
+        self.mailbox.max_steps, self.mailbox.max_weight = self.config.max_steps, 1.0  # workers send weight 1
         endpoints = [self.config.endpoint(r) for r in range(self.workers + 1)]
         self.transport = Transport(self.rank, self.config.bind_endpoint(self.rank), endpoints, self.mailbox.deliver,
                                    queue_depth=self.config.queue_depth, shutdown_timeout=self.config.shutdown_timeout,
-                                   recv_queue=max(64, 4 * self.workers), keys=transport_keys(self.config, self.rank),
-                                   ipc=self.config.ipc)
+                                   keys=transport_keys(self.config, self.rank), ipc=self.config.ipc,
+                                   **inbound_limits(self.flat.layout, self.workers + 1))
         self.joined: set[int] = set()
+        self.finished: set[int] = set()  # said bye
         self.started = time.monotonic()
         self.last_heard: dict[int, float] = {}  # worker -> its last message, or our last answer to it
         self.contributions = 0  # gradients (or weight sets) applied so far
@@ -85,13 +87,18 @@ class ParameterServer:
     def _handle(self, message: Message) -> None:
         header = message.header
         worker = header.sender
+        if worker in self.finished:  # a worker says nothing after its bye
+            raise TransportError(f"worker {worker} sent a {header.kind} after its bye: someone forged that bye "
+                                 "in its name (run with --secure on an untrusted network)")
         if header.kind == "hello" and self._holds_contribution_of(worker):
             self._acknowledge(worker)  # it only asks whether we are alive
         elif header.kind == "hello":
             self.joined.add(worker)
             self._reply(self.core.join(worker, header.step))
         elif header.kind == "bye":
-            self._reply(self.core.leave(worker))
+            if self._plausible_bye(message):
+                self.finished.add(worker)
+                self._reply(self.core.leave(worker))
         elif self._plausible(message):
             self._reply(self.core.submit(Contribution(worker, header.round, header.step, message.chunks,
                                                       header.samples)))
@@ -156,6 +163,20 @@ class ParameterServer:
         self.dropped[reason] += 1
         log.warning("server dropped a contribution from worker %d (%s): version %d, ours %d", worker, reason,
                     version, self.core.version)
+        return False
+
+    def _plausible_bye(self, message: Message) -> bool:
+        """A worker says bye once it has our answer to its last contribution, naming its step, which that
+        contribution carried: a bye that does not fit is someone else's, dropped and counted."""
+        worker, step = message.header.sender, message.header.step
+        waiting = {c.worker for c in self.core.pending} | self.core.held
+        reason = ("not-joined" if worker not in self.joined else "bye-waiting" if worker in waiting
+                  else "bye-step" if step != self.core.clocks[worker] else None)
+        if reason is None:
+            return True
+        self.dropped[reason] += 1
+        log.warning("server dropped a bye from worker %d (%s): step %d, its last contribution's %s", worker,
+                    reason, step, self.core.clocks[worker])
         return False
 
     def _reply(self, workers: list[int]) -> None:

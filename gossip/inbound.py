@@ -1,0 +1,136 @@
+"""What incoming connections may cost a peer: a cap on their number and on the bytes each may park.
+
+libzmq assembles a whole multipart message before the application sees any of it, and its limits do not
+bound that: ``MAXMSGSIZE`` applies to one frame and the receive high-water mark counts complete messages.
+A sender that streams frame after frame of one endless message therefore grows the receiver's memory
+without limit. No socket option closes that gap, so this module watches each accepted connection from
+outside libzmq:
+
+- the kernel counts the bytes it received on each TCP connection (``TCP_INFO``'s ``tcpi_bytes_received``);
+- the transport credits every complete message it takes from a connection (ZeroMQ tells which descriptor
+  a message came through);
+- the difference is what libzmq holds for that connection: complete messages in its queue (at most the
+  high-water mark of them) and the message being assembled. An honest sender's difference stays below
+  ``(queue + 2)`` messages of the largest size the protocol allows; a connection beyond that is cut
+  (``shutdown`` of the socket: libzmq sees the end of the stream and frees what it held).
+
+The watch runs every ``CHECK_SECONDS`` on the event loop, so what one connection can hold is the limit
+plus what arrives in one interval. Unix-socket connections (same-host peers, abstract sockets, which have
+no file permissions) have no byte counters: one from a process of another user is cut at once (the
+kernel names the connecting process's user, ``SO_PEERCRED``); the same user can read our keys anyway.
+
+A cap on connections bounds descriptors: beyond ``max_connections`` the oldest connection that never
+delivered a valid message is cut (a live neighbour's first message is its hello, so it is never the one).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+
+CHECK_SECONDS = 0.02
+_TCP_INFO_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received (u64) in Linux's struct tcp_info
+_TCP_INFO_SIZE = 136
+SLACK_BYTES = 1 << 20  # handshakes, ZMTP framing and CurveZMQ boxes around the payload
+SLACK_PER_SECOND = 1024  # heartbeats over a connection's life
+FRAME_OVERHEAD = 64  # ZMTP frame header and CurveZMQ box per frame, at most
+
+
+@dataclass
+class Connection:
+    fd: int
+    opened: float
+    socket: socket.socket | None  # a duplicate of libzmq's descriptor; None once cut or not ours to watch
+    tcp: bool
+    delivered: int = 0  # bytes of complete messages we took from it
+    valid: bool = False  # it delivered a message that passed validation
+
+
+@dataclass
+class InboundGuard:
+    """``max_bytes``: what one connection may hold inside libzmq beyond what we took from it."""
+
+    max_bytes: int
+    max_connections: int
+    connections: dict[int, Connection] = field(default_factory=dict)
+    cut: dict[str, int] = field(default_factory=dict)  # reason -> connections cut
+    # descriptors that delivered a valid message before their accept was reported (two event streams)
+    _early: set[int] = field(default_factory=set)
+
+    def accepted(self, fd: int) -> None:
+        self.closed(fd)  # a descriptor number is reused once its previous connection is gone
+        try:
+            dup = socket.socket(fileno=os.dup(fd))
+        except OSError:  # gone already
+            return
+        tcp = dup.family in (socket.AF_INET, socket.AF_INET6)
+        self.connections[fd] = Connection(fd, time.monotonic(), dup, tcp, valid=fd in self._early)
+        self._early.discard(fd)
+        if not tcp and _peer_uid(dup) not in (None, os.getuid()):
+            self._cut(self.connections[fd], "foreign-user")
+            return
+        if len(self.connections) > self.max_connections:
+            unproven = [c for c in self.connections.values() if not c.valid and c.socket is not None]
+            victim = min(unproven, key=lambda c: c.opened) if unproven else self.connections[fd]
+            self._cut(victim, "connections")
+
+    def closed(self, fd: int) -> None:
+        connection = self.connections.pop(fd, None)
+        if connection is not None and connection.socket is not None:
+            connection.socket.close()
+
+    def delivered(self, fd: int, nbytes: int, frames: int, valid: bool) -> None:
+        connection = self.connections.get(fd)
+        if connection is not None:
+            connection.delivered += nbytes + frames * FRAME_OVERHEAD
+            connection.valid |= valid
+        elif valid and len(self._early) < self.max_connections:
+            self._early.add(fd)
+
+    def check(self) -> None:
+        """Cut every TCP connection that holds more inside libzmq than the protocol allows."""
+        now = time.monotonic()
+        for connection in list(self.connections.values()):
+            if not connection.tcp or connection.socket is None:
+                continue
+            received = _bytes_received(connection.socket)
+            if received is None:
+                continue
+            allowed = self.max_bytes + SLACK_BYTES + SLACK_PER_SECOND * (now - connection.opened)
+            if received - connection.delivered > allowed:
+                self._cut(connection, "oversized")
+
+    def close(self) -> None:
+        for fd in list(self.connections):
+            self.closed(fd)
+
+    def _cut(self, connection: Connection, reason: str) -> None:
+        self.cut[reason] = self.cut.get(reason, 0) + 1
+        if connection.socket is not None:
+            try:
+                connection.socket.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            connection.socket.close()
+            connection.socket = None
+
+
+def _bytes_received(sock: socket.socket) -> int | None:
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+    except (OSError, AttributeError):  # not Linux, or not TCP
+        return None
+    if len(info) < _TCP_INFO_SIZE:  # a kernel older than 4.1 does not count them
+        return None
+    return struct.unpack_from("Q", info, _TCP_INFO_BYTES_RECEIVED)[0]
+
+
+def _peer_uid(sock: socket.socket) -> int | None:
+    """The user id of the process at the other end of a Unix socket (Linux), else None."""
+    try:
+        return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+    except (OSError, AttributeError):
+        return None
