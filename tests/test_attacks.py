@@ -25,9 +25,9 @@ NODES = 4
 RUN = ["--nodes", str(NODES), "--steps", "150", "--compute-ms", "20", "--progress", "off", "--no-plot"]
 
 
-def _start(out: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+def _start(out: Path, *extra: str, run: list[str] = RUN) -> tuple[subprocess.Popen, int]:
     base = free_base_port(NODES + 1)
-    command = [sys.executable, "-m", "launch", *RUN, "--out", str(out), "--base-port", str(base), *extra]
+    command = [sys.executable, "-m", "launch", *run, "--out", str(out), "--base-port", str(base), *extra]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), base
 
 
@@ -41,16 +41,17 @@ def _finish(launcher: subprocess.Popen, out: Path) -> tuple[int, str]:
     return launcher.returncode, stderr
 
 
-def _wait_for_round(out: Path, round: int, timeout: float = 60) -> None:
-    deadline, mark = time.monotonic() + timeout, f'"round": {round}'
+def _wait_for_round(out: Path, round: int, timeout: float = 60, log: str = "peer-0.jsonl",
+                    field: str = "round") -> None:
+    deadline, mark = time.monotonic() + timeout, f'"{field}": {round}'
     while time.monotonic() < deadline:
         try:
-            if mark in (out / "peer-0.jsonl").read_text():
+            if mark in (out / log).read_text():
                 return
         except OSError:
             pass
         time.sleep(0.05)
-    pytest.fail(f"peer 0 never reached round {round}")
+    pytest.fail(f"{log} never reached {field} {round}")
 
 
 def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
@@ -95,3 +96,23 @@ def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
     assert all(p["dropped"] == {} for p in peers[1:])
     # 640 MiB were sent at it; what it kept is bounded by the guard (RELIABILITY.md states the figure)
     assert victim["max_rss_mb"] < max(p["max_rss_mb"] for p in peers[1:]) + 64, [p["max_rss_mb"] for p in peers]
+
+
+def test_a_forged_bye_does_not_end_a_parameter_server_run(tmp_path):
+    out, workers, steps = tmp_path / "ps", 3, 100
+    run = ["--nodes", str(workers), "--steps", str(steps), "--mode", "ps-async", "--compute-ms", "20",
+           "--progress", "off", "--no-plot"]
+    launcher, base = _start(out, run=run)
+    layout = victim_layout(world_size=workers)
+    stranger = Stranger(f"tcp://127.0.0.1:{base + workers}")  # the server listens after the workers
+    try:
+        _wait_for_round(out, 30, log="server.jsonl", field="version")
+        stranger.send(*(forged(layout, "bye", worker, step=step) for worker in range(workers) for step in (steps - 1, steps)))
+        code, stderr = _finish(launcher, out)
+    finally:
+        stranger.close()
+    assert code == 0, stderr[-3000:]
+    events = [json.loads(line) for line in (out / "server.jsonl").read_text().splitlines()]
+    end = next(e for e in events if e["event"] == "end")
+    assert sum(1 for e in events if e["event"] == "update") == workers * steps  # every gradient was applied
+    assert end["implausible"] == {"bye-step": 2 * workers}, end["implausible"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gossip.errors import ProtocolError
-from gossip.mailbox import LatestMailbox
+from gossip.mailbox import PER_WORKER, LatestMailbox, PushSumMailbox, QueueMailbox
 from gossip.wire import Header, Layout, encode, params_header
 
 CHUNK = 256
@@ -90,3 +90,83 @@ def test_a_bye_from_a_stranger_is_dropped():
     box.link(2, up=False)
     time.sleep(0.1)
     assert box.dead() == {2}
+
+
+# -- what a header may claim (the threat model: every number is bounded before it changes any state) --
+
+def push_sum_box(max_rounds: int = 100) -> PushSumMailbox:
+    box = PushSumMailbox(0, 4, LAYOUT, lambda sender, round: sender in RING[0], lambda sender, round: 1 / 3)
+    box.max_rounds, box.max_weight = max_rounds, 4.0
+    return box
+
+
+def forged_params(sender: int, round: int, weight: float = 1.0, step_seconds: float = 0.0) -> list:
+    header = params_header("params", sender, LAYOUT, CHUNK, round=round, step=round, weight=weight,
+                           step_seconds=step_seconds)
+    return encode(header, [torch.full((50,), 7.0)])
+
+
+@pytest.mark.parametrize("weight", [4.5, 1e300, 1.7e308])
+def test_a_weight_beyond_the_whole_networks_mass_is_dropped(weight):
+    box = push_sum_box()
+    with pytest.raises(ProtocolError) as excinfo:
+        box.deliver(None, forged_params(1, 3, weight=weight))
+    assert excinfo.value.reason == "weight"
+    assert box.take_all() == {} and box.latest_round == {}
+    box.deliver(None, forged_params(1, 3, weight=4.0))  # the network's whole mass is a possible weight
+    assert box.take_all()[1].mass == pytest.approx(4.0 / 3)
+
+
+def test_a_round_beyond_the_run_cannot_make_later_genuine_rounds_replays():
+    box = push_sum_box(max_rounds=100)
+    with pytest.raises(ProtocolError) as excinfo:
+        box.deliver(None, forged_params(1, 10**9))
+    assert excinfo.value.reason == "horizon"
+    box.deliver(None, forged_params(1, 5))  # the genuine next message is still taken
+    assert box.latest_round == {1: 5}
+
+
+def test_a_rejected_message_reports_no_pace():
+    box = push_sum_box()
+    box.deliver(None, forged_params(1, 5, step_seconds=0.1))
+    with pytest.raises(ProtocolError):
+        box.deliver(None, forged_params(1, 5, step_seconds=99.0))  # a replay of round 5 with a forged pace
+    assert box.reported[1].step_seconds == 0.1
+
+
+def test_a_second_hello_is_a_restart_only_with_the_drop_of_our_link():
+    box = push_sum_box()
+    box.link(1, up=True)
+    box.deliver(None, encode(Header(kind="hello", sender=1)))
+    box.deliver(None, encode(Header(kind="hello", sender=1)))  # forged: our link to peer 1 never dropped
+    assert box.take_restarted() == set() and box.dead() == set()
+    box.link(1, up=False)  # ...unless the drop is reported just after it, as when it really restarted
+    assert box.take_restarted() == {1}
+    box.link(1, up=True)
+    box.link(1, up=False)  # a real restart: the old process's connection closes, then the new one says hello
+    box.deliver(None, encode(Header(kind="hello", sender=1)))
+    assert box.take_restarted() == {1}
+
+
+def test_a_welcome_counts_only_while_we_rejoin():
+    box = push_sum_box()
+    welcome = encode(Header(kind="welcome", sender=1, round=5, step=5))
+    with pytest.raises(ProtocolError) as excinfo:
+        box.deliver(None, welcome)
+    assert excinfo.value.reason == "welcome" and box.first == {}
+    box.rejoining = True
+    box.deliver(None, welcome)
+    assert box.first[1].round == 5
+
+
+def test_one_flooding_worker_cannot_crowd_out_the_others_at_the_server():
+    box = QueueMailbox(4, 5, LAYOUT, lambda sender, round: sender < 4, capacity=16, contribution="grad")
+    grad = lambda sender: encode(params_header("grad", sender, LAYOUT, CHUNK), [torch.zeros(50)])  # noqa: E731
+    for _ in range(PER_WORKER):
+        box.deliver(None, grad(0))
+    with pytest.raises(ProtocolError) as excinfo:
+        box.deliver(None, grad(0))
+    assert excinfo.value.reason == "flood"
+    for worker in (1, 2, 3):
+        box.deliver(None, grad(worker))  # the honest workers' gradients still get in
+    assert [box.get(0).header.sender for _ in range(PER_WORKER + 3)] == [0] * PER_WORKER + [1, 2, 3]

@@ -12,11 +12,13 @@ import pytest
 import torch
 import zmq
 import zmq.auth
+from zmq.utils.monitor import parse_monitor_message
 
 import gossip
 from gossip.address import ipc_endpoint
 from gossip.errors import ConfigError, PeerTimeout
 from gossip.security import generate_keys, load_keys
+from gossip.transport import Transport
 from gossip.wire import encode, params_header
 from tests.conftest import ROOT, free_base_port
 from tests.test_transport import run_peers, vector_model
@@ -124,6 +126,30 @@ def test_a_client_without_an_allowed_key_changes_nothing(keydir, tmp_path):
     vector, stats = results[0]
     torch.testing.assert_close(vector, torch.full((5,), 1.0, dtype=torch.float64), rtol=0, atol=1e-12)
     assert stats["dropped"] == {}  # nothing from the strangers even reached validation
+
+
+def test_a_key_that_is_no_rank_of_the_run_is_refused_at_the_handshake(keydir, tmp_path):
+    """A key file in public/ made for a larger run (``peer-3`` of a 3-peer run) admits no one."""
+    stranger_public, stranger_secret = stranger_keys(tmp_path / "stranger")
+    (keydir / "public" / "peer-3.key").write_bytes((tmp_path / "stranger" / "stranger.key").read_bytes())
+    eps = endpoints(3)
+    keys = load_keys(keydir, 0, 3)
+    transport = Transport(0, eps[0], eps, lambda sender, frames: None, keys=keys)
+    transport.start()
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = stranger_secret, stranger_public, keys.public
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    try:
+        sock.connect(eps[0])
+        assert monitor.poll(10_000), "no handshake outcome within 10 s"
+        assert parse_monitor_message(monitor.recv_multipart())["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    finally:
+        sock.disable_monitor()
+        monitor.close(0)
+        sock.close(0)
+        context.term()
+        transport.close(0)
 
 
 def test_no_peer_talks_to_an_impostor_on_its_neighbours_address(keydir, tmp_path):
