@@ -22,6 +22,7 @@ from gossip.errors import ConfigError
 GOSSIP_MODES = ("gossip-sync", "gossip-async")
 PS_MODES = ("ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")  # a parameter server and N workers
 MODES = GOSSIP_MODES + PS_MODES
+DERIVED_FIELDS = frozenset({"max_rounds", "max_steps", "max_weight"})  # GossipConfig fields RunConfig computes
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
 ASYNC_RULES = ("push-sum", "latest")  # gossip-async: gossip/averagers/pushsum.py, gossip/averagers/asynchronous.py
 SCHEDULES = ("steps", "time")

@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gossip.config import (AGGREGATES, DEADLINES, MODES, PARTNERS, SCHEDULES, STALENESS_WEIGHTS, WEIGHT_BY,
-                           CoordinatorConfig, GossipConfig, RendezvousConfig, RunConfig)
+from gossip.config import (AGGREGATES, DEADLINES, DERIVED_FIELDS, MODES, PARTNERS, SCHEDULES, STALENESS_WEIGHTS,
+                           WEIGHT_BY, CoordinatorConfig, GossipConfig, RendezvousConfig, RunConfig)
 from gossip.errors import ConfigError, TaskError
 from launch.procs import START_METHODS
 
@@ -263,6 +263,8 @@ def field_values(cfg: RunConfig, rendezvous: RendezvousConfig | None = None) -> 
     values = {**dataclasses.asdict(cfg.coordinator), **dataclasses.asdict(cfg.gossip),
               **(dataclasses.asdict(rendezvous) if rendezvous else {})}
     values.update({f: getattr(cfg, f) for f in RUN_FIELDS if f not in ("gossip", "coordinator")})
+    for name in DERIVED_FIELDS:  # not flags: computed from them by RunConfig
+        values.pop(name, None)
     for name in ("endpoints", "speeds", "initial_peers", "link_mbit", "link_latency_ms", "peer_speeds", "byzantine"):
         if isinstance(values.get(name), list):
             values[name] = tuple(values[name])
