@@ -5,8 +5,9 @@ Builds the task, attaches an averager, trains for ``steps`` local steps, or unde
 events to ``peer-<rank>.jsonl`` and leaves ``model-<rank>.pt`` and ``trace-<rank>.npz`` (sampled weights
 and push-sum weight per round, for the consensus distance and the drift of the mean).
 Every ``--checkpoint-every`` steps it writes ``checkpoint-<rank>.pt`` (model, optimizer state, step,
-round, samples, push-sum weight) atomically; with ``--resume`` it restores that checkpoint (or, without
-one, takes its neighbours' mean model) and rejoins the others where they are.
+round, samples, push-sum weight) atomically, keeping the previous one as ``checkpoint-<rank>.prev.pt``,
+unless the state holds NaN or Inf; with ``--resume`` it restores the newest of the two that fits the model
+(or, without one, takes its neighbours' mean model) and rejoins the others where they are.
 Exit status: 0 on success, 1 on an error (one line on stderr says which and why), 128 + signal number
 when stopped by SIGINT or SIGTERM.
 """
@@ -78,32 +79,68 @@ def checkpoint_path(out: Path, rank: int) -> Path:
     return out / f"checkpoint-{rank}.pt"
 
 
+# What a peer's checkpoint holds besides the model and optimizer state (``gossip/checkpoint.py`` kinds)
+COUNTERS = {"counters.step": checkpoint.COUNT, "counters.rounds": checkpoint.COUNT,
+            "counters.samples": checkpoint.COUNT, "counters.weight": checkpoint.POSITIVE}
+
+
 def save_checkpoint(out: Path, task: Task, averager: Averager, events: EventLog) -> None:
-    """Model, optimizer state and the averager's counters, atomically (``gossip/checkpoint.py``)."""
+    """Model, optimizer state and the averager's counters, atomically, the previous checkpoint kept as
+    ``.prev.pt`` (``gossip/checkpoint.py``). A state with NaN or Inf, or a bad counter, is not written:
+    one warning and a ``checkpoint-skipped`` event, and training goes on (a model that went non-finite is
+    the run's health check's to fail)."""
     state = {"model": cpu_state(task.model),
              "optimizer": task.optimizer.state_dict() if task.optimizer is not None else None,
              "counters": {"step": averager.local_step, "rounds": averager.rounds, "samples": averager.samples,
                           "weight": float(getattr(averager, "weight", 1.0))}}
+    path = checkpoint_path(out, averager.rank)
+    reason = checkpoint.refusal(state, COUNTERS)
+    if reason is not None:
+        log.warning("peer %d: checkpoint of step %d not written: %s; the previous one is kept", averager.rank,
+                    averager.local_step, reason)
+        events.write("checkpoint-skipped", step=averager.local_step, file=str(path), reason=reason)
+        return
     try:
-        checkpoint.save(state, checkpoint_path(out, averager.rank))
+        checkpoint.write(state, path)
     except CheckpointError as exc:  # training goes on; the previous checkpoint stays valid
         log.warning("peer %d: %s", averager.rank, exc)
         events.write("checkpoint-failed", message=str(exc))
 
 
-def load_checkpoint(out: Path, rank: int, task: Task, events: EventLog) -> dict:
-    """``--resume``: restore the model and optimizer of our last checkpoint into ``task``; the counters for
-    ``attach(resume=...)``. Without a checkpoint the peer pulls its neighbours' models instead."""
-    path = checkpoint_path(out, rank)
-    if not path.exists():
-        events.write("resume", found=False)
+def validate_checkpoint(state: object, path: Path, task: Task, bounds: dict[str, float] | None = None) -> None:
+    """``CheckpointError`` (one line: the file and what is wrong) unless ``state``, read from ``path``, is a
+    checkpoint of ``task``'s model and optimizer with counters in range (``gossip/checkpoint.py``)."""
+    checkpoint.validate(state, path, keys=("model", "optimizer", "counters"), counters=COUNTERS, bounds=bounds,
+                        model=task.model.state_dict(),
+                        optimizers={"optimizer": task.optimizer} if task.optimizer is not None else {})
+
+
+def load_checkpoint(out: Path, rank: int, task: Task, events: EventLog, bounds: dict[str, float] | None = None
+                    ) -> dict:
+    """``--resume``: restore the model and optimizer of our newest usable checkpoint into ``task`` (that
+    one, else the ``.prev.pt`` before it, each checked before anything is loaded); the counters for
+    ``attach(resume=...)``. ``bounds``: the largest counters this run allows (dotted key -> limit, 0:
+    none). Each file that does not read or fit gives one warning and a ``checkpoint-rejected`` event; with
+    no usable checkpoint the peer pulls its neighbours' models instead, as without one."""
+    state, used, rejected = checkpoint.restore(checkpoint_path(out, rank),
+                                               lambda state, path: validate_checkpoint(state, path, task, bounds))
+    for reason in rejected:
+        log.warning("peer %d: %s", rank, reason)
+        events.write("checkpoint-rejected", message=reason)
+    if state is None:
+        if rejected:
+            log.warning("peer %d: no usable checkpoint; resuming with the neighbours' mean model", rank)
+        events.write("resume", found=False, rejected=len(rejected))
         return {"found": False}
-    state = checkpoint.load(path)
-    task.model.load_state_dict(state["model"])
-    if task.optimizer is not None and state.get("optimizer") is not None:
-        task.optimizer.load_state_dict(state["optimizer"])
-    events.write("resume", found=True, **state["counters"])
-    return {**state["counters"], "found": True}
+    try:
+        task.model.load_state_dict(state["model"])
+        if task.optimizer is not None and state["optimizer"] is not None:
+            task.optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # past the checks: still one line
+        raise CheckpointError(f"checkpoint {used} does not load: {str(exc).strip().splitlines()[0]}") from exc
+    counters = {key: state["counters"][key] for key in ("step", "rounds", "samples", "weight")}
+    events.write("resume", found=True, file=str(used), rejected=len(rejected), **counters)
+    return {**counters, "found": True}
 
 
 def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool = False) -> None:
@@ -116,7 +153,9 @@ def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool =
         device = resolve_device(cfg.device, rank if local_rank is None else local_rank)
         task = build_task(cfg.task, TaskContext(rank, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum,
                                                 cfg.batch_size, cfg.dim, device))
-        state = load_checkpoint(out, rank, task, events) if resume else None
+        bounds = {"counters.step": cfg.gossip.max_steps, "counters.weight": cfg.gossip.max_weight,
+                  "counters.rounds": cfg.gossip.max_rounds + 1 if cfg.gossip.max_rounds else 0}
+        state = load_checkpoint(out, rank, task, events, bounds) if resume else None
         averager = attach(task.model, cfg.gossip, coordinator=cfg.coordinator, resume=state)
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc))

@@ -209,28 +209,91 @@ class ParameterServer:
     def _waiting_on(self) -> list[int]:
         return sorted(self.core.active - {c.worker for c in self.core.pending} - self.core.held)
 
+    # The counters of the server's checkpoint (``gossip/checkpoint.py`` kinds)
+    CHECKPOINT_COUNTERS = {"contributions": checkpoint.COUNT, "joined": checkpoint.COUNTS,
+                           "core.version": checkpoint.COUNT, "core.updates": checkpoint.COUNT,
+                           "core.clocks": checkpoint.COUNTS, "core.active": checkpoint.COUNTS,
+                           "core.staleness": checkpoint.COUNT_MAP}
+
     def checkpoint_path(self) -> Path:
         return self.out / "checkpoint-server.pt"
 
     def save_checkpoint(self) -> None:
+        """The weights and the core's state, atomically, the previous checkpoint kept as ``.prev.pt``; a
+        state with NaN or Inf or a bad counter is not written (one warning, a ``checkpoint-skipped`` event)."""
         state = {"model": cpu_state(self.task.model), "core": self.core.state_dict(),
                  "contributions": self.contributions, "joined": sorted(self.joined)}
+        reason = checkpoint.refusal(state, self.CHECKPOINT_COUNTERS)
+        if reason is not None:
+            log.warning("server: checkpoint of version %d not written: %s; the previous one is kept",
+                        self.core.version, reason)
+            self.events.write("checkpoint-skipped", version=self.core.version, file=str(self.checkpoint_path()),
+                              reason=reason)
+            return
         try:
-            checkpoint.save(state, self.checkpoint_path())
+            checkpoint.write(state, self.checkpoint_path())
         except CheckpointError as exc:  # training goes on; the previous checkpoint stays valid
             log.warning("server: %s", exc)
             self.events.write("checkpoint-failed", message=str(exc))
 
+    def validate_checkpoint(self, state: object, path: Path) -> None:
+        """``CheckpointError`` (one line: the file and what is wrong) unless ``state``, read from ``path``,
+        fits this server (checked before anything is loaded)."""
+        problem = self._checkpoint_problem(state)
+        if problem is not None:
+            raise checkpoint.unusable(path, problem)
+
+    def _checkpoint_problem(self, state: object) -> str | None:
+        update = self.core.update
+        optimizer = getattr(update, "optimizer", None)
+        problem = checkpoint.fit_problem(
+            state, keys=("model", "core", "contributions", "joined"), counters=self.CHECKPOINT_COUNTERS,
+            model=self.task.model.state_dict(), optimizers={"core.update.optimizer": optimizer} if optimizer else {})
+        if problem is not None:
+            return problem
+        core, workers = state["core"], self.workers
+        if len(core["clocks"]) != workers:
+            return f"'core.clocks' has {len(core['clocks'])} entries for {workers} workers"
+        if any(worker >= workers for worker in [*core["active"], *state["joined"]]):
+            return f"it names workers beyond this run's {workers}"
+        if not isinstance(core["update"], dict) or set(core["update"]) != set(update.state_dict()):
+            return f"'core.update' does not fit --mode {self.config.mode}"
+        compensation = getattr(update, "compensation", None)
+        if compensation is not None:
+            saved = core["update"]["compensation"]
+            if not (isinstance(saved, dict) and isinstance(saved.get("backups"), dict)
+                    and all(checkpoint.is_count(w) and w < workers for w in saved["backups"])):
+                return "'core.update.compensation' holds no backups per worker"
+            for worker, backup in saved["backups"].items():
+                problem = checkpoint.tensors_fit_problem(backup, compensation.weights,
+                                                         f"the DC-ASGD backup of worker {worker}")
+                if problem is not None:
+                    return problem
+            return checkpoint.tensors_fit_problem(saved.get("mean_square"), compensation.mean_square,
+                                                  "'core.update.compensation.mean_square'")
+        return None
+
     def resume(self) -> None:
-        """Continue from our last checkpoint, if there is one; workers re-join and get its weights."""
-        if not self.checkpoint_path().exists():
+        """Continue from our newest usable checkpoint (that one, else the ``.prev.pt`` before it, each
+        checked before anything is loaded), if there is one; workers re-join and get its weights. With
+        checkpoints and none usable, fail in one line naming each file and what is wrong: a server has no
+        neighbours to take a model from."""
+        state, used, rejected = checkpoint.restore(self.checkpoint_path(), self.validate_checkpoint)
+        if state is None and rejected:
+            raise CheckpointError(f"the parameter server cannot resume: {'; '.join(rejected)}")
+        for reason in rejected:
+            log.warning("server: %s", reason)
+            self.events.write("checkpoint-rejected", message=reason)
+        if state is None:
             self.events.write("resume", found=False)
             return
-        state = checkpoint.load(self.checkpoint_path())
-        self.task.model.load_state_dict(state["model"])
-        self.core.load_state_dict(state["core"])
+        try:
+            self.task.model.load_state_dict(state["model"])
+            self.core.load_state_dict(state["core"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # past the checks: still one line
+            raise CheckpointError(f"checkpoint {used} does not load: {str(exc).strip().splitlines()[0]}") from exc
         self.contributions, self.joined = state["contributions"], set(state["joined"])
-        self.events.write("resume", found=True, version=self.core.version)
+        self.events.write("resume", found=True, file=str(used), rejected=len(rejected), version=self.core.version)
 
     def close(self, finish: bool) -> None:
         self.transport.close(flush_timeout=self.config.shutdown_timeout if finish else 0.0)
