@@ -12,9 +12,21 @@ largest and average the rest:
 - ``median``: the largest trim, (n - 1) // 2: the middle value, or the mean of the two middle ones.
 - ``mean`` would be trim 0, but it is not computed here: the averagers keep their exact weighted path.
 
-Both need n >= 3: of two values neither can be outvoted, so with fewer than 3 inputs the result is the
-first one, the peer's own model (an asynchronous peer holding a single fresh snapshot does not mix it; the
-config refuses topologies that give a peer fewer than 2 in-neighbours).
+How many inputs, and what each count gives (the first input is always the peer's own model):
+
+- 1 (no neighbour's model): the own model, unchanged.
+- 2 (one neighbour's): their mean, the median of two values (trim 0). Nothing can be outvoted here, so
+  the peer trusts that neighbour as the mean would (garbage from it reaches the model); keeping the own
+  model instead would switch mixing off at the peer: a ring peer whose other neighbour died would train
+  alone from then on, unnoticed. A peer gets 2 inputs only when a single in-neighbour is left alive.
+- 3 or more: at least one value is trimmed from each end, so one garbage input is outvoted. The config
+  refuses topologies that give a peer fewer than 2 in-neighbours, so an intact graph always gives 3.
+
+Every input counts once, whatever push-sum weight its header claims: a weight is a claim from the
+network, and a message claiming weight 0 is an input like any other. gossip-sync counts every message of
+the round; gossip-async waits until it holds 3 inputs as long as 2 or more in-neighbours are alive, so
+that a race or a slow neighbour never leaves one snapshot to be trusted alone
+(``gossip/averagers/asynchronous.py``).
 
 The result is clamped to the range of the values kept, so rounding can never leave it (and n equal
 values give exactly that value). With b garbage inputs and trim >= b, every kept value lies between two
@@ -87,13 +99,11 @@ def aggregate(inputs: Sequence[torch.Tensor], trim: int) -> torch.Tensor:
 def aggregate_into_(targets: Sequence[torch.Tensor], models: Sequence[Sequence[torch.Tensor]], rule: str,
                     trim_fraction: float, relative_to: Sequence[torch.Tensor] | None = None) -> None:
     """With ``trim = trim_count(len(models), rule, trim_fraction)``, for every chunk k:
-    ``targets[k] = aggregate(models' chunk k, trim)`` (the first model alone when a robust rule has fewer
-    than ``MIN_INPUTS``), or with ``relative_to``
+    ``targets[k] = aggregate(models' chunk k, trim)`` (with 1 model that model, with 2 their mean: see the
+    module docstring), or with ``relative_to``
     ``targets[k] += aggregate(...) - relative_to[k]`` (the change the aggregate makes to that model, added
     to a model that has moved on since). ``targets`` may be one of ``models``: each block is read before
     it is written. Chunks may live on the host while a target is on a GPU."""
-    if rule != "mean" and len(models) < MIN_INPUTS:
-        models = models[:1]  # nothing can be outvoted: keep the first (own) model
     trim = trim_count(len(models), rule, trim_fraction)
     for index, target in enumerate(targets):
         block = max(1, BLOCK_BYTES // target.element_size())

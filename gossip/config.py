@@ -32,6 +32,12 @@ PARTNERS = ("any", "similar-speed")
 AGGREGATES = ("mean", "median", "trimmed-mean")  # gossip/aggregate.py
 MiB = 1 << 20
 DEFAULT_NODES = 4
+# The longest wait a flag may ask for. Timeouts and sleeps end in threading, asyncio, time.sleep and
+# ZeroMQ, which refuse waits beyond their own limits (about 9.2e9 s, or 2^31 ms) with an OverflowError.
+MAX_WAIT_SECONDS = 604800.0  # one week
+# --peer-timeout also sets ZeroMQ's HEARTBEAT_TTL, which holds at most 6553.599 s (gossip/transport.py)
+MAX_PEER_TIMEOUT = 6553.0
+MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # --speeds: a peer at speed s sleeps (1/s - 1) times its step's compute time
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,8 @@ class GossipConfig:
         _check_aggregate(self)
         _check_int(self, "gossip_every", minimum=1)
         _check_int(self, "deadline_window", minimum=3)
-        _check_positive(self, "round_seconds", "deadline_k", "deadline_floor", "pace_tolerance")
+        _check_positive(self, "deadline_k", "pace_tolerance")
+        _check_seconds(self, "round_seconds", "deadline_floor")
         if not (_is_real(self.straggler_fraction) and 0 < self.straggler_fraction < 1):
             raise ConfigError(f"--straggler-fraction must be in (0, 1), got {self.straggler_fraction!r}")
         _check_per_peer(self, "peer_speeds", lambda v: 0 < v <= 1e6, "positive numbers")
@@ -129,8 +136,9 @@ class GossipConfig:
         _check_int(self, "max_staleness", minimum=0)
         _check_int(self, "queue_depth", minimum=1)
         _check_int(self, "base_port", minimum=1, maximum=65535 - self.world_size)
-        _check_positive(self, "staleness_temperature", "round_timeout", "peer_timeout", "startup_timeout", "send_timeout",
-                        "shutdown_timeout")
+        _check_positive(self, "staleness_temperature")
+        _check_seconds(self, "round_timeout", "startup_timeout", "send_timeout", "shutdown_timeout")
+        _check_seconds(self, "peer_timeout", limit=MAX_PEER_TIMEOUT, why="ZeroMQ's heartbeat limit")
         if not (_is_real(self.chunk_mb) and 0.0625 <= self.chunk_mb <= 64):
             raise ConfigError(f"--chunk-mb {self.chunk_mb} is out of range; use a value in 0.0625..64 (8 is good)")
         if self.endpoints and len(self.endpoints) != self.world_size:
@@ -275,9 +283,18 @@ class RunConfig:
                     f"--speeds lists {len(self.speeds)} values for {self.nodes} nodes; give one per node, e.g. "
                     + ",".join(["1"] * (self.nodes - 1) + ["0.25"])
                 )
-            bad = [s for s in self.speeds if not (_is_real(s) and 0 < s <= 1e6)]
+            bad = [s for s in self.speeds if not (_is_real(s) and 0 < s)]
             if bad:
                 raise ConfigError(f"--speeds must be positive numbers (1 = full speed, 0.25 = 4x slower); got {bad[0]}")
+            bad = [s for s in self.speeds if not MIN_SPEED <= s <= MAX_SPEED]
+            if bad:
+                raise ConfigError(f"--speeds must be in {MIN_SPEED:g}..{MAX_SPEED:g} ({MIN_SPEED:g}: a million times "
+                                  f"slower); got {bad[0]!r}")
+        slowest = min(self.speeds, default=1.0)  # a step sleeps compute_ms / speed: at most MAX_WAIT_SECONDS
+        if self.compute_ms > MAX_WAIT_SECONDS * 1000 * slowest:
+            at = f" at the slowest --speeds, {slowest:g}" if slowest != 1.0 else ""
+            raise ConfigError(f"--compute-ms must be in 0..{MAX_WAIT_SECONDS * 1000 * slowest:g} (a step of at most "
+                              f"one week{at}), got {self.compute_ms!r}")
         if self.gossip.world_size != self.nodes:
             raise ConfigError(f"gossip.world_size {self.gossip.world_size} differs from nodes {self.nodes}")
         if self.coordinator.soft_sync > self.nodes:
@@ -356,7 +373,7 @@ class RendezvousConfig:
         _check_int(self, "rank", minimum=-1)
         _check_int(self, "world_size", minimum=0, flag="--world-size")
         _check_int(self, "rendezvous_port", minimum=0, maximum=65535)
-        _check_positive(self, "rendezvous_timeout")
+        _check_seconds(self, "rendezvous_timeout")
         if self.rank >= 0 and self.world_size and self.rank >= self.world_size:
             raise ConfigError(f"--rank {self.rank} is outside 0..{self.world_size - 1}; ranks count from 0")
         if self.announce:
@@ -473,6 +490,15 @@ def _check_positive(obj: Any, *names: str) -> None:
         value = getattr(obj, name)
         if not (_is_real(value) and value > 0):
             raise ConfigError(f"{_flag(name)} must be a positive number, got {value!r}")
+
+
+def _check_seconds(obj: Any, *names: str, limit: float = MAX_WAIT_SECONDS, why: str = "one week") -> None:
+    """Fields that become a timeout or a sleep: finite, > 0 and at most ``limit`` seconds."""
+    for name in names:
+        value = getattr(obj, name)
+        if not (_is_real(value) and 0 < value <= limit):
+            raise ConfigError(f"{_flag(name)} must be a positive number of seconds up to {limit:g} ({why}), "
+                              f"got {value!r}")
 
 
 def _is_real(value: Any) -> bool:

@@ -1,4 +1,11 @@
-"""Measurements a peer keeps about itself, and the JSON-lines event log the launcher reads."""
+"""Measurements a peer keeps about itself, and the JSON-lines event log the launcher reads.
+
+The log is strict JSON, which has no NaN or Infinity: a non-finite number (a diverged loss, an infinite
+weight, in any field, however deeply nested) is written as ``null``, like a missing value, and the readers
+(``launch/summary.py``, ``launch/progress.py``, ``launch/plot.py``) show it as no value. Logging never
+fails because a number went non-finite; a model that did is refused by the health check
+(``gossip/health.py``) with its own message, not by the log.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +54,11 @@ class EventLog:
 
     def write(self, event: str, **fields: Any) -> None:
         record = {"event": event, "time": time.time(), **fields}
-        self._file.write(json.dumps(record, default=_jsonable, allow_nan=False) + "\n")
+        try:
+            line = json.dumps(record, default=_jsonable, allow_nan=False)
+        except ValueError:  # a NaN or an infinity somewhere (rare): the same record with null in its place
+            line = json.dumps(_finite(record), default=_jsonable, allow_nan=False)
+        self._file.write(line + "\n")
 
     def close(self) -> None:
         self._file.close()
@@ -55,8 +66,19 @@ class EventLog:
 
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy and torch scalars
-        return value.item()
+        return _finite(value.item())
     raise TypeError(f"cannot log {type(value).__name__}")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float in it (in dicts, lists and tuples) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value  # numpy and torch scalars are made finite by _jsonable as they are encoded
 
 
 def finite_or_none(value: float) -> float | None:

@@ -32,7 +32,8 @@ class PeerState:
             self.status = "running"
         elif kind == "step":
             for name in ("step", "round", "loss", "bytes_sent", "speed", "wait_seconds"):
-                setattr(self, name, event.get(name, getattr(self, name)))
+                if name == "loss" or event.get(name) is not None:  # null: a non-finite value (gossip/metrics.py)
+                    setattr(self, name, event.get(name, getattr(self, name)))
         elif kind == "eval":
             self.accuracy = event.get("accuracy", self.accuracy)
         elif kind == "end":

@@ -3,6 +3,9 @@ fault injection it is measured with."""
 
 from __future__ import annotations
 
+from collections import Counter
+from types import SimpleNamespace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,11 +13,15 @@ from hypothesis import strategies as st
 
 from torch import nn
 
+import gossip
 import gossip.aggregate as agg
 from gossip.aggregate import aggregate, aggregate_into_, sorted_rows, trim_count
+from gossip.averagers.asynchronous import AsyncGossip
 from gossip.averagers.base import byzantine_garbage
+from gossip.config import GossipConfig
 from gossip.flat import FlatParams
 from gossip.wire import decode, encode, params_header
+from tests.test_transport import endpoints, run_peers, vector_model
 
 ROBUST = ("median", "trimmed-mean")
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
@@ -120,11 +127,88 @@ def test_aggregate_into_works_chunk_by_chunk_in_blocks(monkeypatch):
         assert torch.equal(target[k], torch.stack([m[k] for m in models]).median(dim=0).values)
 
 
-def test_with_fewer_than_three_inputs_a_robust_rule_keeps_the_own_model():
-    own, garbage = [torch.ones(4)], [torch.full((4,), 1e30)]
-    target = [own[0].clone()]
-    aggregate_into_(target, [target, garbage], "median", 0.2)
-    assert torch.equal(target[0], own[0])
+@pytest.mark.parametrize("rule", ROBUST)
+def test_one_two_and_three_inputs(rule):
+    """1 input: the own model. 2: their mean (nothing to outvote; keeping the own model would switch mixing
+    off at a peer left with one live neighbour). 3: the median, the outlier outvoted."""
+    own, other, far = torch.tensor([1.0, 4.0]), torch.tensor([3.0, 0.0]), torch.tensor([1e30, -1e30])
+    for models, expected in (([own], [1.0, 4.0]), ([own, other], [2.0, 2.0]), ([own, other, far], [3.0, 0.0])):
+        target = [own.clone()]
+        aggregate_into_(target, [[m] for m in models], rule, 0.2)
+        assert target[0].tolist() == expected, (len(models), target[0])
+    moved_on = [own + 0.5]  # gossip-sync: the change the aggregate makes to the snapshot, progress kept
+    aggregate_into_(moved_on, [[own], [other]], rule, 0.2, relative_to=[own])
+    assert moved_on[0].tolist() == [2.5, 2.5]
+
+
+def ring_run(start: list[float], rule: str, massless: int | None = None) -> list[float]:
+    """One gossip-sync round of 4 peers on a ring in this process (loopback): the model of each peer after
+    it; peer ``massless`` claims push-sum weight 0 in its message."""
+    eps = endpoints(4)
+
+    def peer(rank: int) -> float:
+        model = vector_model(torch.full((3,), start[rank], dtype=torch.float64))
+        with gossip.attach(model, rank=rank, world_size=4, endpoints=tuple(eps), topology="ring",
+                           aggregate=rule) as averager:
+            if rank == massless:
+                send = averager._send_snapshot
+                averager._send_snapshot = lambda *args, **kwargs: send(*args, **{**kwargs, "weight": 0.0})
+            averager.step()  # round 0 is sent; close() mixes it
+        assert model.value.unique().numel() == 1
+        return float(model.value[0])
+
+    return run_peers(4, peer)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rule", ROBUST)
+def test_a_neighbour_claiming_weight_0_does_not_switch_mixing_off(rule):
+    """A header's weight is a claim: under a robust rule every input counts once, so peer 2's weight 0
+    changes nothing (it used to be left out, leaving peers 1 and 3 with 2 inputs: no mixing at all)."""
+    start = [0.0, 10.0, 1.0, 5.0]
+    expected = [5.0, 1.0, 5.0, 1.0]  # the median of each peer and its two ring neighbours
+    assert ring_run(start, rule) == expected
+    assert ring_run(start, rule, massless=2) == expected
+
+
+class HeldSnapshot:
+    """What ``LatestMailbox.latest()`` holds for one neighbour: a fresh snapshot of round 0."""
+
+    def __init__(self, chunks: list[torch.Tensor]) -> None:
+        self.message = SimpleNamespace(header=SimpleNamespace(round=0), chunks=chunks)
+
+    def staleness(self, step: int) -> int:
+        return 0
+
+
+def async_peer(own: float, held: dict[int, float], dead: set[int]) -> AsyncGossip:
+    """Peer 0 of a 4-peer ring in gossip-async with --aggregate median, without sockets."""
+    config = GossipConfig(world_size=4, mode="gossip-async", async_rule="latest", aggregate="median")
+    flat = FlatParams(vector_model(torch.full((3,), own, dtype=torch.float64)), 1 << 16)
+    peer = AsyncGossip.__new__(AsyncGossip)  # no sockets: _mix_latest reads only what is set here
+    snapshots = {j: HeldSnapshot([torch.full((3,), v, dtype=torch.float64)]) for j, v in held.items()}
+    peer.__dict__.update(config=config, flat=flat, rank=0, rounds=0, local_step=1, dead=set(dead),
+                         staleness=Counter(), ignored_stale=0, last_mix={}, mix_seconds=0.0,
+                         topology=config.build_topology(), mailbox=SimpleNamespace(latest=lambda: snapshots))
+    return peer
+
+
+def value(peer: AsyncGossip) -> float:
+    return float(list(peer.flat.views())[0][0])
+
+
+def test_gossip_async_waits_for_3_inputs_while_2_neighbours_live_and_then_mixes_with_what_it_has():
+    """One fresh snapshot held, both ring neighbours alive: a race or a slow neighbour, so the peer waits for
+    the other instead of trusting one alone (it may be garbage). Its other neighbour dead: it mixes with the
+    one it has, instead of never mixing again."""
+    racing = async_peer(0.0, {1: 1e30}, dead=set())
+    assert racing._mix_latest() is None and value(racing) == 0.0
+    alone = async_peer(0.0, {1: 4.0}, dead={3})
+    alone._mix_latest()
+    assert value(alone) == 2.0  # the mean of its own model and the one neighbour's
+    both = async_peer(0.0, {1: 4.0, 3: 1e30}, dead=set())
+    both._mix_latest()
+    assert value(both) == 4.0  # the median of 3: the garbage outvoted
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

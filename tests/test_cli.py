@@ -108,3 +108,52 @@ def test_an_output_directory_holding_a_run_is_not_overwritten(tmp_path):
     proc = launch("--out", str(tmp_path), "--base-port", str(free_base_port(4)))
     assert proc.returncode == 2
     assert "already holds a run" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+SECONDS_UP_TO = "must be a positive number of seconds up to"
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--round-timeout", "1e300"], f"--round-timeout {SECONDS_UP_TO} 604800 (one week), got 1e+300"),
+    (["--peer-timeout", "1e20"], f"--peer-timeout {SECONDS_UP_TO} 6553 (ZeroMQ's heartbeat limit), got 1e+20"),
+    (["--send-timeout", "inf"], f"--send-timeout {SECONDS_UP_TO} 604800 (one week), got inf"),
+    (["--startup-timeout", "nan"], f"--startup-timeout {SECONDS_UP_TO} 604800 (one week), got nan"),
+    (["--shutdown-timeout", "1e300"], f"--shutdown-timeout {SECONDS_UP_TO} 604800 (one week), got 1e+300"),
+    (["--schedule", "time", "--rounds", "3", "--round-seconds", "1e300"],
+     f"--round-seconds {SECONDS_UP_TO} 604800 (one week), got 1e+300"),
+    (["--deadline", "adaptive", "--deadline-floor", "inf"], f"--deadline-floor {SECONDS_UP_TO} 604800 (one week)"),
+    (["--compute-ms", "1e300"], "--compute-ms must be in 0..6.048e+08 (a step of at most one week), got 1e+300"),
+    (["--speeds", "1,1,1,1e-300"], "--speeds must be in 1e-06..1e+06 (1e-06: a million times slower); got 1e-300"),
+])
+@pytest.mark.parametrize("command", ["gossip-launch", "gossip-peer"])
+def test_a_wait_too_long_to_wait_is_one_line_in_both_commands(command, args, expected, capsys, monkeypatch):
+    """In-process: the flag is refused while parsing, before a peer starts (one that started would end with
+    an OverflowError traceback from threading, asyncio, time.sleep or ZeroMQ)."""
+    import types
+
+    import launch.cli
+    import launch.peer
+
+    def started(*_args, **_kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setitem(sys.modules, "launch.local", types.SimpleNamespace(run_local=started))
+    monkeypatch.setitem(sys.modules, "gossip.peer", types.SimpleNamespace(guarded=started, name_logs=started,
+                                                                          run_role=started))
+    monkeypatch.delenv("GOSSIP_STOP_ON_EOF", raising=False)
+    if command == "gossip-launch":
+        status = launch.cli.main(args)
+    else:
+        status = launch.peer.main(["--world-size", "4", *args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"{command}: error: ") and expected in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("timeout", ["1e300", "inf", "nan"])
+def test_the_rendezvous_timeout_is_one_line_too(timeout, capsys):
+    import launch.peer
+
+    assert launch.peer.main(["--world-size", "4", "--rendezvous-timeout", timeout]) == 2
+    assert capsys.readouterr().err == (f"gossip-peer: error: --rendezvous-timeout {SECONDS_UP_TO} 604800 (one week), "
+                                       f"got {float(timeout)!r}\n")

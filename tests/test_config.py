@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from gossip.config import MODES, STALENESS_WEIGHTS, GossipConfig, RunConfig
+from gossip.config import MODES, STALENESS_WEIGHTS, GossipConfig, RendezvousConfig, RunConfig
 from gossip.errors import ConfigError
 
 
@@ -43,8 +43,9 @@ def test_config_error_is_a_value_error():
     ({"chunk_mb": math.nan}, "--chunk-mb nan is out of range"),
     ({"chunk_mb": "8"}, "--chunk-mb 8 is out of range"),
     ({"staleness_temperature": 0.0}, "--staleness-temperature must be a positive number, got 0.0"),
-    ({"round_timeout": math.inf}, "--round-timeout must be a positive number, got inf"),
-    ({"send_timeout": True}, "--send-timeout must be a positive number, got True"),
+    ({"round_timeout": math.inf}, "--round-timeout must be a positive number of seconds up to 604800 (one week), "
+                                  "got inf"),
+    ({"send_timeout": True}, "--send-timeout must be a positive number of seconds up to 604800 (one week), got True"),
     ({"endpoints": ("tcp://a:1",), "world_size": 2, "topology": "full"}, "1 endpoints given for 2 peers; give one per peer"),
     ({"overlap": False, "mode": "gossip-async"}, "--no-overlap applies to --mode gossip-sync"),
     ({"overlap": "no"}, "overlap must be True or False, got 'no'"),
@@ -98,6 +99,58 @@ def test_boundary_values_are_accepted():
     GossipConfig(chunk_mb=64)
     GossipConfig(rank=3, world_size=4, max_staleness=0, base_port=65531)  # 65535 left for a server
     run_config(momentum=0.0, compute_ms=0.0, eval_every=0, speeds=(1, 0.25, 1e6, 1.0))
+
+
+WEEK = "up to 604800 (one week)"
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({"round_timeout": 1e300}, f"--round-timeout must be a positive number of seconds {WEEK}, got 1e+300"),
+    ({"round_timeout": 604800.5}, f"--round-timeout must be a positive number of seconds {WEEK}, got 604800.5"),
+    ({"send_timeout": math.inf}, f"--send-timeout must be a positive number of seconds {WEEK}, got inf"),
+    ({"startup_timeout": math.nan}, f"--startup-timeout must be a positive number of seconds {WEEK}, got nan"),
+    ({"shutdown_timeout": 1e10}, f"--shutdown-timeout must be a positive number of seconds {WEEK}, got 10000000000.0"),
+    ({"round_seconds": 1e300}, f"--round-seconds must be a positive number of seconds {WEEK}, got 1e+300"),
+    ({"deadline_floor": 1e300}, f"--deadline-floor must be a positive number of seconds {WEEK}, got 1e+300"),
+    ({"peer_timeout": 1e20}, "--peer-timeout must be a positive number of seconds up to 6553 (ZeroMQ's heartbeat "
+                             "limit), got 1e+20"),
+    ({"peer_timeout": 6554}, "--peer-timeout must be a positive number of seconds up to 6553"),  # HEARTBEAT_TTL
+    ({"peer_timeout": 0}, "--peer-timeout must be a positive number of seconds"),
+])
+def test_timeouts_and_waits_are_bounded(fields, expected):
+    """threading, asyncio, time.sleep and ZeroMQ refuse waits beyond their limits with an OverflowError
+    (or EINVAL) in the middle of a run: a flag asking for one is refused with one line instead."""
+    with pytest.raises(ConfigError) as info:
+        GossipConfig(**fields)
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({"compute_ms": 1e300}, "--compute-ms must be in 0..6.048e+08 (a step of at most one week), got 1e+300"),
+    ({"compute_ms": 1e6, "speeds": (1, 1, 1, 0.001)}, "--compute-ms must be in 0..604800 (a step of at most one "
+                                                      "week at the slowest --speeds, 0.001), got 1000000.0"),
+    ({"speeds": (1, 1, 1, 1e-300)}, "--speeds must be in 1e-06..1e+06 (1e-06: a million times slower); got 1e-300"),
+    ({"speeds": (1, 1, 1, 1e7)}, "--speeds must be in 1e-06..1e+06"),
+])
+def test_emulated_sleeps_are_bounded(fields, expected):
+    with pytest.raises(ConfigError) as info:
+        run_config(**fields)
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("timeout", [1e300, math.inf, math.nan, 0.0])
+def test_the_rendezvous_timeout_is_bounded(timeout):
+    with pytest.raises(ConfigError, match=r"--rendezvous-timeout must be a positive number of seconds up to 604800 "
+                                          r"\(one week\), got "):
+        RendezvousConfig(rendezvous_timeout=timeout)
+
+
+def test_the_longest_waits_are_accepted():
+    GossipConfig(round_timeout=604800, startup_timeout=604800.0, send_timeout=604800, shutdown_timeout=604800,
+                 round_seconds=604800, deadline_floor=604800, peer_timeout=6553)
+    RendezvousConfig(rendezvous_timeout=604800)
+    run_config(compute_ms=604800e3)
+    run_config(compute_ms=604.8, speeds=(1, 1, 1, 1e-6))
 
 
 def test_json_round_trip_gives_an_equal_object():

@@ -20,14 +20,17 @@ from which the weights can be checked against f.
 
 ``aggregate`` "median" or "trimmed-mean" (``gossip/aggregate.py``): x_i <- agg(x_i, s_j for every held
 snapshot within ``max_staleness``), each counting once (``last_mix`` then names the rule and its
-coefficients are null); staleness weights do not apply to it, so the config refuses them.
+coefficients are null); staleness weights do not apply to it, so the config refuses them. While fewer
+than 2 such snapshots are held but 2 or more in-neighbours are alive (a race, a slow neighbour), the
+peer waits for more instead of trusting one alone; with 1 live in-neighbour left (the others dead) it
+mixes with that one.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from gossip.aggregate import aggregate_into_
+from gossip.aggregate import MIN_INPUTS, aggregate_into_
 from gossip.averagers.base import Averager, log
 from gossip.errors import PeerTimeout
 from gossip.mailbox import LatestMailbox
@@ -105,6 +108,9 @@ class AsyncGossip(Averager):
                                          cfg.staleness_temperature, cfg.max_staleness)
         self.ignored_stale += len(neighbours) - len(coefs)
         robust = cfg.aggregate != "mean"  # each snapshot within max_staleness counts once, unweighted
+        live = [j for j in self.topology.in_neighbors(self.rank, self.rounds) if j not in self.dead]
+        if robust and len(coefs) + 1 < MIN_INPUTS <= len(live) + 1:
+            coefs = {}  # too few to outvote one, and more are coming: wait for them (gossip/aggregate.py)
         self.last_mix = {("aggregate" if robust else "self"): cfg.aggregate if robust else self_coef,
                          **{str(j): [neighbours[j][1], neighbours[j][0], None if robust else c]
                             for j, c in coefs.items()}}

@@ -48,9 +48,9 @@ drift that renormalising each peer's own row would cause.
 
 ``aggregate`` "median" or "trimmed-mean" (``gossip/aggregate.py``; fixed deadlines, no sample weights):
 at mixing point r + 1 a peer adds z_i += agg(s_i, s_j for the in-neighbours j) - s_i instead, each snapshot
-counting once, so the local progress made during the exchange is kept as in the mean. The weights stay 1
-and no mass is pushed: one neighbour's garbage cannot move the result beyond its honest inputs, but the
-network's mean is no longer preserved exactly.
+counting once (whatever weight its header claims, 0 included), so the local progress made during the
+exchange is kept as in the mean. The weights stay 1 and no mass is pushed: one neighbour's garbage cannot
+move the result beyond its honest inputs, but the network's mean is no longer preserved exactly.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ class SyncGossip(Averager):
         self._pending = None
         arrived = self._receive(round, final=final)
         if self.config.aggregate != "mean":  # z_i += agg(s_i, s_j...) - s_i, no push-sum mass (see the docstring)
-            models = [own] + [chunks for mass, chunks in arrived if mass > 0]  # (massless: a rejoining peer's)
+            models = [own] + [chunks for _, chunks in arrived]  # once each, whatever weight (even 0) it claims
             with self._timed_mix():
                 aggregate_into_(list(self.flat.views()), models, self.config.aggregate, self.config.trim_fraction,
                                 relative_to=own)
