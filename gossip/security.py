@@ -24,6 +24,7 @@ from pathlib import Path
 
 import zmq
 import zmq.auth
+import zmq.utils.z85
 from zmq.auth.asyncio import AsyncioAuthenticator
 
 from gossip.errors import ConfigError
@@ -63,6 +64,37 @@ def load_keys(keydir: str | Path, rank: int, world_size: int, server: bool = Fal
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the keys in {keydir}: {exc}") from exc
     return CurveKeys(public, secret, peers, keydir / "public")
+
+
+def shared_secret(secret: bytes, public: bytes) -> bytes:
+    """X25519 (RFC 7748) of our CURVE secret key and another's public key, both Z85 as ``load_keys`` gives
+    them: the same 32 bytes on both sides, and no one without one of the two secret keys can compute them.
+    CURVE keys are Curve25519 keys, so no new key material is needed. Pure Python, to need no extra
+    dependency: a millisecond or two each, and not constant-time (used a few times per rendezvous, never on
+    anything a remote party chooses: both keys come from KEYDIR)."""
+    p = 2**255 - 19
+    scalar = bytearray(zmq.utils.z85.decode(secret))
+    scalar[0] &= 248
+    scalar[31] = (scalar[31] & 127) | 64
+    k = int.from_bytes(scalar, "little")
+    x1 = int.from_bytes(zmq.utils.z85.decode(public), "little") & ((1 << 255) - 1)
+    x2, z2, x3, z3, swap = 1, 0, x1, 1, 0
+    for t in reversed(range(255)):  # the Montgomery ladder of RFC 7748, section 5
+        bit = (k >> t) & 1
+        if swap ^ bit:
+            x2, x3, z2, z3 = x3, x2, z3, z2
+        swap = bit
+        a, b, c, d = x2 + z2, x2 - z2, x3 + z3, x3 - z3
+        aa, bb, da, cb = a * a % p, b * b % p, d * a % p, c * b % p
+        e = aa - bb
+        x3, z3 = (da + cb) ** 2 % p, x1 * (da - cb) ** 2 % p
+        x2, z2 = aa * bb % p, e * (aa + 121665 * e) % p
+    if swap:
+        x2, z2 = x3, z3
+    shared = (x2 * pow(z2, p - 2, p) % p).to_bytes(32, "little")
+    if shared == bytes(32):
+        raise ConfigError("a public key in KEYDIR is a point of low order; recreate the keys with gossip-keys")
+    return shared
 
 
 def generate_keys(keydir: str | Path, world_size: int, server: bool = False) -> list[str]:

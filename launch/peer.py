@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gossip.address import bindable
 from gossip.config import RendezvousConfig, RunConfig
 from gossip.errors import ConfigError, TaskError
 from gossip.rendezvous import Plan, hosts_server_endpoint, plan_rendezvous
@@ -78,19 +79,19 @@ def meet(args: argparse.Namespace, rendezvous: RendezvousConfig, plan: Plan) -> 
         return _finish(args, plan.world_size, plan.rank, plan.endpoints, server_endpoint), plan.local_rank, ""
     if plan.store is None:  # alone
         return _finish(args, 1, 0, (), ""), plan.local_rank, ""
-    meeting = exchange.StoreRendezvous(plan, rendezvous.rendezvous_timeout)
+    announce = exchange.announce_address(rendezvous.announce, args.bind, plan.store[0] or None)
+    # a store this peer serves listens where the peer will (GossipConfig.bind_endpoint), not everywhere
+    meeting = exchange.StoreRendezvous(plan, rendezvous.rendezvous_timeout, bind=cfg.gossip.bind or bindable(announce),
+                                       keydir=cfg.gossip.secure)
     meeting.open()
     try:
-        toward = plan.store[0] or None
-        announce = exchange.announce_address(rendezvous.announce, args.bind, toward)
         if plan.source == "first peer":
             store = f"tcp://{announce}:{plan.store[1]}"
             print(f"{PROG}: first peer of {plan.world_size}, rendezvous at {store}; on every other machine run:\n"
                   f"  {next_machine_line(cfg, store)}", flush=True)
-        server_port = base_port + (plan.world_size or 0)
 
-        def endpoint_of(rank: int | None) -> str:
-            return f"tcp://{announce}:{server_port if rank is None else base_port + rank}"
+        def endpoint_of(rank: int) -> str:  # the server's rank is the world size: it listens on BASE_PORT + N
+            return f"tcp://{announce}:{base_port + rank}"
 
         assignment = meeting.join(endpoint_of, run_flags(cfg), plan.world_size, plan.rank, args.server,
                                   cfg.gossip.parameter_server, time.strftime("%Y%m%d-%H%M%S"))
