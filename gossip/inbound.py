@@ -15,7 +15,9 @@ outside libzmq:
   (``shutdown`` of the socket: libzmq sees the end of the stream and frees what it held).
 
 The watch runs every ``CHECK_SECONDS`` on the event loop, so what one connection can hold is the limit
-plus what arrives in one interval. Unix-socket connections (same-host peers, abstract sockets, which have
+plus what arrives in one interval. The limit is in wire bytes; in memory it is up to 32 times that for a
+message of empty frames (``memory_bound``), which is why the slack beyond the protocol's own messages is
+kept to the handshake and the heartbeats actually sent. Unix-socket connections (same-host peers, abstract sockets, which have
 no file permissions) have no byte counters: one from a process of another user is cut at once (the
 kernel names the connecting process's user, ``SO_PEERCRED``); the same user can read our keys anyway.
 
@@ -34,9 +36,13 @@ from dataclasses import dataclass, field
 CHECK_SECONDS = 0.02
 _TCP_INFO_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received (u64) in Linux's struct tcp_info
 _TCP_INFO_SIZE = 136
-SLACK_BYTES = 1 << 20  # handshakes, ZMTP framing and CurveZMQ boxes around the payload
-SLACK_PER_SECOND = 1024  # heartbeats over a connection's life
+SLACK_BYTES = 64 << 10  # the ZMTP greeting and handshake (CurveZMQ's included) take under 1 KiB
 FRAME_OVERHEAD = 64  # ZMTP frame header and CurveZMQ box per frame, at most
+HEARTBEAT_BYTES = 64  # one ZMTP PING as a neighbour's DEALER sends it (in a CurveZMQ box: about 45 bytes)
+# What libzmq keeps per frame of a message being assembled, whatever the frame's size: one 64-byte msg_t.
+# A frame of 0 bytes costs its sender 2 bytes on the wire, so a stream of tiny frames makes a connection
+# hold up to MSG_T_BYTES / 2 times its byte count in memory before the guard cuts it.
+MSG_T_BYTES = 64
 
 
 @dataclass
@@ -51,10 +57,12 @@ class Connection:
 
 @dataclass
 class InboundGuard:
-    """``max_bytes``: what one connection may hold inside libzmq beyond what we took from it."""
+    """``max_bytes``: what one connection may hold inside libzmq beyond what we took from it, besides the
+    handshake and the heartbeats its sender sends every ``heartbeat_seconds``."""
 
     max_bytes: int
     max_connections: int
+    heartbeat_seconds: float = 1.0
     connections: dict[int, Connection] = field(default_factory=dict)
     cut: dict[str, int] = field(default_factory=dict)  # reason -> connections cut
     # descriptors that delivered a valid message before their accept was reported (two event streams)
@@ -99,9 +107,17 @@ class InboundGuard:
             received = _bytes_received(connection.socket)
             if received is None:
                 continue
-            allowed = self.max_bytes + SLACK_BYTES + SLACK_PER_SECOND * (now - connection.opened)
-            if received - connection.delivered > allowed:
+            if received - connection.delivered > self.allowed(now - connection.opened):
                 self._cut(connection, "oversized")
+
+    def allowed(self, age: float) -> float:
+        """Bytes a connection ``age`` seconds old may have sent beyond the messages we took from it."""
+        return self.max_bytes + SLACK_BYTES + HEARTBEAT_BYTES * (1 + age / self.heartbeat_seconds)
+
+    def memory_bound(self, age: float) -> float:
+        """What one connection can make libzmq hold before it is cut (less what arrives within one check):
+        a tiny-frame stream turns each 2 wire bytes into a 64-byte msg_t."""
+        return self.allowed(age) * MSG_T_BYTES / 2
 
     def close(self) -> None:
         for fd in list(self.connections):

@@ -96,7 +96,7 @@ class Transport:
         self._max_frame = min(max_frame_bytes, MAX_CHUNK_BYTES) + MAX_HEADER_BYTES
         # what one connection may hold in libzmq: its queue of complete messages and one being assembled
         largest = max(max_message_bytes, MAX_HEADER_BYTES) if max_message_bytes else MAX_CHUNK_BYTES
-        self.guard = InboundGuard((recv_queue + 2) * largest, max_connections)
+        self.guard = InboundGuard((recv_queue + 2) * largest, max_connections, self._heartbeat_seconds())
         self._guards: list[asyncio.Task[None]] = []
         self._delays = list(delays) or [0.0] * len(self.endpoints)
         self._ipc = ipc and zmq.has("ipc")
@@ -264,6 +264,10 @@ class Transport:
                 outbox.queue.task_done()
             outbox.close(0)
 
+    def _heartbeat_seconds(self) -> float:
+        """Every DEALER's heartbeat interval; the peers of a run share ``heartbeat_timeout``."""
+        return max(1, min(1000, self._heartbeat_ms)) / 1000
+
     def _outbox(self, dest: int) -> _Outbox:
         outbox = self._outboxes.get(dest)
         if outbox is None:
@@ -275,7 +279,7 @@ class Transport:
             socket.setsockopt(zmq.RECONNECT_IVL, 100)
             socket.setsockopt(zmq.RECONNECT_IVL_MAX, 500)  # a peer that starts late is found within 0.5 s
             socket.setsockopt(zmq.TCP_KEEPALIVE, 1)
-            socket.setsockopt(zmq.HEARTBEAT_IVL, min(1000, self._heartbeat_ms))
+            socket.setsockopt(zmq.HEARTBEAT_IVL, int(self._heartbeat_seconds() * 1000))
             socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._heartbeat_ms)
             socket.setsockopt(zmq.HEARTBEAT_TTL, self._heartbeat_ms)
             if self.keys is not None:

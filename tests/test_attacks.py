@@ -22,7 +22,7 @@ from tests.hostile import Stranger, forged, victim_layout
 
 pytestmark = pytest.mark.timeout(240)
 NODES = 4
-RUN = ["--nodes", str(NODES), "--steps", "150", "--compute-ms", "20", "--progress", "off", "--no-plot"]
+RUN = ["--nodes", str(NODES), "--steps", "250", "--compute-ms", "20", "--progress", "off", "--no-plot"]
 
 
 def _start(out: Path, *extra: str, run: list[str] = RUN) -> tuple[subprocess.Popen, int]:
@@ -74,6 +74,7 @@ def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
         )
         assert stranger.endless_message(frame_bytes=32 << 10, frames=20_000)  # 640 MiB in one message: cut
         assert stranger.endless_message(frame_bytes=1 << 20, frames=64)  # larger frames than this model has
+        assert stranger.endless_message(frame_bytes=0, frames=3_000_000)  # 2 wire bytes, a 64-byte msg_t each
         stranger.idle(3 * NODES + 40)  # more connections than the cap (2 per rank + 16)
         code, stderr = _finish(launcher, attacked)
     finally:
@@ -90,12 +91,13 @@ def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
     dropped = victim["dropped"]
     assert dropped.get("weight", 0) == 2 and dropped.get("horizon", 0) == 1, dropped
     assert dropped.get("welcome", 0) == 1 and dropped.get("kind", 0) == 1, dropped
-    assert dropped.get("cut-oversized", 0) >= 1 and dropped.get("cut-connections", 0) >= 1, dropped
+    assert dropped.get("cut-oversized", 0) == 2 and dropped.get("cut-connections", 0) >= 1, str(dropped)
     ends = [json.loads((attacked / f"peer-{rank}.jsonl").read_text().splitlines()[-1]) for rank in range(NODES)]
     assert all(end["deaths"] == 0 and end["readmitted"] == 0 for end in ends)  # the forged hello was not believed
     assert all(p["dropped"] == {} for p in peers[1:])
-    # 640 MiB were sent at it; what it kept is bounded by the guard (RELIABILITY.md states the figure)
-    assert victim["max_rss_mb"] < max(p["max_rss_mb"] for p in peers[1:]) + 64, [p["max_rss_mb"] for p in peers]
+    # 640 MiB, and 3 million empty frames, were sent at it; what it kept is bounded by the guard (about 9.5 MB
+    # for this model, plus what arrives within one check: RELIABILITY.md states the figures)
+    assert victim["max_rss_mb"] < max(p["max_rss_mb"] for p in peers[1:]) + 40, [p["max_rss_mb"] for p in peers]
 
 
 def test_a_forged_bye_does_not_end_a_parameter_server_run(tmp_path):
