@@ -100,7 +100,7 @@ class Mailbox:
                 self._hello_again(sender)
             elif kind == "hello":
                 self._drops_at_hello[sender] = self._drops[sender]
-            elif kind not in ("bye", "welcome"):
+            elif kind not in ("bye", "bye-ack", "welcome"):
                 self.reported[sender] = message.header
                 if self.keep_first and sender in self.first and message.chunks:
                     self._first_models.setdefault(sender, [c.clone() for c in message.chunks])
@@ -384,34 +384,62 @@ class MassMailbox(Mailbox):
 
 class PushSumMailbox(MassMailbox):
     """Asynchronous push-sum gossip: a ``MassMailbox`` whose senders say "bye" when they finish, with
-    ``round`` one past the last round they sent us (0: none). A finished peer drains: it waits until every
-    in-neighbour's bye is in and that neighbour's last message with it, so every message is mixed exactly
-    once and no mass is lost at the end. A sender that said bye and then disconnected is finished, not dead."""
+    ``round`` one past the last round they sent us (0: none); a neighbour still training answers with
+    "bye-ack", counted the same way. A finished peer drains: it waits until every in-neighbour's bye (or
+    bye-ack) is in and that neighbour's last message with it, so every message is mixed exactly once and no
+    mass is lost at the end. A sender that said bye and then disconnected is finished, not dead.
 
-    accepts = frozenset({"hello", "params", "welcome", "bye"})
+    A bye is its sender's last word on its connection (until a hello: a new incarnation). So a message
+    that follows one shows that someone else said it: the bye is forgotten (``forged_byes``) and the
+    message filed, and no genuine mass is ever refused for a bye a stranger sent. A second bye replaces the
+    first when its count is exactly what arrived (its sender's messages come in order, so a genuine bye's
+    count always is): a forged bye cannot make us wait for rounds that never come. A bye-ack is taken only
+    once we said bye ourselves (``draining``): one we never asked for changes nothing, except that its
+    sender, who was told we finished, is sent a message at our next mixing point (``contradict``), which
+    undoes the forged bye there even while flow control would hold our messages back."""
+
+    accepts = frozenset({"hello", "params", "welcome", "bye", "bye-ack"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.bye_rounds: dict[int, int] = {}  # sender -> rounds it sent us in all (from its bye)
+        self.draining = False  # we said bye to everyone: answers to it are taken from now on
+        self.forged_byes = 0  # byes forgotten because their sender spoke again after them
+        self.contradict: set[int] = set()  # answered a bye of ours we never said: to be sent a message soon
 
     def _restart(self, sender: int) -> None:
         super()._restart(sender)
+        self._forget_bye(sender)
+
+    def _forget_bye(self, sender: int) -> None:
         self.bye_rounds.pop(sender, None)
         self._finished.discard(sender)
 
     def _file(self, message: Message) -> None:
         header = message.header
         sender = header.sender
-        if header.kind == "hello" or (header.kind != "bye" and sender not in self.bye_rounds):
+        if header.kind not in ("bye", "bye-ack"):
+            if header.kind != "hello" and sender in self.bye_rounds:  # its "bye" was not its own
+                self._forget_bye(sender)
+                self.forged_byes += 1
             super()._file(message)
             return
-        if sender in self.bye_rounds:
-            raise ProtocolError("after-bye", f"a {header.kind} from peer {sender} after its bye")
+        if header.kind == "bye-ack" and not self.draining:
+            self.contradict.add(sender)  # it was told we finished: our next message tells it otherwise
+            raise ProtocolError("bye-ack", f"peer {sender} answers a bye we never said")
+        exact = header.round == self.latest_round.get(sender, -1) + 1  # all it sent us is in: a genuine count
+        if sender in self.bye_rounds and not exact:
+            raise ProtocolError("after-bye", f"a second {header.kind} from peer {sender}")
         if header.round <= self.latest_round.get(sender, -1):
-            raise ProtocolError("bye", f"peer {sender}'s bye counts {header.round} rounds, but it already sent "
-                                       f"us round {self.latest_round[sender]}")
+            raise ProtocolError("bye", f"peer {sender}'s {header.kind} counts {header.round} rounds, but it "
+                                       f"already sent us round {self.latest_round[sender]}")
         self.bye_rounds[sender] = header.round
         self._finished.add(sender)
+
+    def take_contradicted(self) -> set[int]:
+        with self._cond:
+            senders, self.contradict = self.contradict, set()
+            return senders
 
     def wait_drained(self, senders: Iterable[int], idle_timeout: float) -> None:
         """Wait until each of ``senders`` said bye and its last round is in (dead ones are not waited for);

@@ -32,10 +32,11 @@ MAX_CHUNK_BYTES = 64 << 20
 MAX_INT = 1 << 53  # counters beyond this cannot be real; also keeps floats exact in logs
 # kind -> whether it carries the flat buffers as payload. "params": a peer's weights (gossip, and ps-avg
 # workers); "grad": a parameter-server worker's gradients; "weights": the server's weights for a worker;
-# "bye": a worker that has finished. "welcome": a gossip neighbour re-admits a restarted peer, in its round
-# ``round`` at its step ``step``.
+# "bye": a worker or peer that has finished. "bye-ack" (gossip-async push-sum): a peer still training
+# answers a finished neighbour's bye: it sends that neighbour nothing more. "welcome": a gossip neighbour
+# re-admits a restarted peer, in its round ``round`` at its step ``step``.
 KINDS: dict[str, bool] = {"hello": False, "params": True, "grad": True, "weights": True, "bye": False,
-                          "welcome": False}
+                          "bye-ack": False, "welcome": False}
 DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,

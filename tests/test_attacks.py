@@ -118,3 +118,34 @@ def test_a_forged_bye_does_not_end_a_parameter_server_run(tmp_path):
     end = next(e for e in events if e["event"] == "end")
     assert sum(1 for e in events if e["event"] == "update") == workers * steps  # every gradient was applied
     assert end["implausible"] == {"bye-step": 2 * workers}, end["implausible"]
+
+
+def test_a_stranger_cannot_end_or_skew_an_asynchronous_push_sum_run(tmp_path):
+    """Push-sum keeps the network's mean exactly, so any mass a forged message added, or a forged bye made a
+    peer refuse, would show in the final drift of the mean on the consensus task."""
+    out = tmp_path / "async"
+    run = ["--nodes", str(NODES), "--steps", "200", "--mode", "gossip-async", "--task", "consensus",
+           "--compute-ms", "20", "--progress", "off", "--no-plot"]
+    launcher, base = _start(out, run=run)
+    layout = victim_layout(task="consensus", world_size=NODES)
+    stranger = Stranger(f"tcp://127.0.0.1:{base}")
+    try:
+        _wait_for_round(out, 20)
+        stranger.send(
+            forged(layout, "params", 1, round=150, w=1e300),
+            forged(layout, "params", 3, round=150, w=1.7e308),
+            forged(layout, "params", 3, round=10**9),
+            forged(layout, "bye", 1, round=60, step=60),  # "peer 1 finished after 60 rounds": it trains on
+            forged(layout, "bye", 1, round=150, step=150),
+            forged(layout, "bye-ack", 3, round=150),  # an answer to a bye peer 0 never said
+        )
+        code, stderr = _finish(launcher, out)
+    finally:
+        stranger.close()
+    assert code == 0, stderr[-3000:]  # before: peer 0 waited 60 s for peer 1's "last messages" and failed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_mean_drift"] < 1e-12 and summary["consensus_distance"] < 1e-6, summary
+    dropped = summary["peers"][0]["dropped"]
+    assert dropped == {"weight": 2, "horizon": 1, "after-bye": 1, "bye-ack": 1}, dropped
+    end = json.loads((out / "peer-0.jsonl").read_text().splitlines()[-1])
+    assert end["forged_byes"] == 1  # peer 1's next message undid the bye (sent at once: it got our bye-ack)

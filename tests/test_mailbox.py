@@ -170,3 +170,45 @@ def test_one_flooding_worker_cannot_crowd_out_the_others_at_the_server():
     for worker in (1, 2, 3):
         box.deliver(None, grad(worker))  # the honest workers' gradients still get in
     assert [box.get(0).header.sender for _ in range(PER_WORKER + 3)] == [0] * PER_WORKER + [1, 2, 3]
+
+
+def acknowledgement(sender: int, rounds: int) -> list:
+    return encode(Header(kind="bye-ack", sender=sender, round=rounds, step=rounds))
+
+
+def test_a_forged_bye_is_undone_by_its_senders_next_message_and_no_mass_is_refused():
+    box = push_sum_box()
+    box.deliver(None, forged_params(1, 3))
+    box.deliver(None, bye(1, 9))  # a stranger says peer 1 finished after 9 rounds; peer 1 trains on
+    assert box.bye_rounds == {1: 9}
+    box.deliver(None, forged_params(1, 4, weight=2.0))  # peer 1's next message: a bye is a sender's last word
+    assert box.bye_rounds == {} and box.forged_byes == 1
+    assert box.take_all()[1].mass == pytest.approx((1.0 + 2.0) / 3)  # both messages' mass, none refused
+    box.deliver(None, bye(1, 5))  # its genuine bye later: one past the last round it sent
+    assert box.bye_rounds == {1: 5} and box.forged_byes == 1
+
+
+def test_a_bye_ack_counts_only_once_we_said_bye():
+    box = push_sum_box()
+    box.deliver(None, forged_params(3, 2))
+    with pytest.raises(ProtocolError) as excinfo:
+        box.deliver(None, acknowledgement(3, 3))  # an answer to a bye we never said
+    assert excinfo.value.reason == "bye-ack" and box.bye_rounds == {}
+    assert box.take_contradicted() == {3} and box.take_contradicted() == set()  # peer 3 gets a message next
+    box.draining = True
+    box.deliver(None, acknowledgement(3, 3))
+    assert box.bye_rounds == {3: 3}
+    with pytest.raises(ProtocolError) as excinfo:
+        box.deliver(None, acknowledgement(3, 4))
+    assert excinfo.value.reason == "after-bye" and box.bye_rounds == {3: 3}
+
+
+def test_a_genuine_bye_replaces_a_forged_one_that_claims_more_rounds():
+    box = push_sum_box()
+    box.deliver(None, forged_params(1, 3))
+    box.deliver(None, bye(1, 60))  # forged: peer 1 sends nothing more before its own bye (flow control)
+    with pytest.raises(ProtocolError) as excinfo:
+        box.deliver(None, bye(1, 70))  # another count that is not what arrived
+    assert excinfo.value.reason == "after-bye"
+    box.deliver(None, bye(1, 4))  # peer 1's own: one past round 3, the last it sent us
+    assert box.bye_rounds == {1: 4}

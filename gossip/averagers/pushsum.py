@@ -43,11 +43,13 @@ a later mixing point, whenever it comes.
 - **The end.** A peer that has done its steps says "bye" to every peer it may have sent to, naming the
   number of rounds it sent that peer (one past the last), and drains: it waits until every in-neighbour
   said bye and its last message is in, mixing everything that arrives. A peer still training answers a
-  bye with its own at its next mixing point and sends nothing more there (its share stays with it), so
+  bye with a "bye-ack" at its next mixing point and sends nothing more there (its share stays with it), so
   the finished peer's drain ends within a step, and a peer that trains on alone keeps its mass: every one
   of its last steps still counts 1/N. The final (z_i, w_i) of all peers hold exactly the network's mass,
   whose weighted average is the run's model (``model-final.pt``). A finishing peer waits only for its
-  neighbours' last messages, never while it trains.
+  neighbours' last messages, never while it trains. A bye forged in a neighbour's name is undone by that
+  neighbour's next message, and an answer nobody asked for is dropped (``PushSumMailbox``): a stranger's
+  bye costs a few skipped messages on one link, never mass.
 - **Dead neighbours** (``peer_timeout``) as in gossip-sync: not waited for, not sent to, their share kept;
   their mass at death is lost and the survivors' weights renormalise. A restarted one rejoins with its
   checkpoint's mass (``SyncGossip._rejoin``).
@@ -95,7 +97,7 @@ class AsyncPushSum(SyncGossip):
         self._said_bye &= set(self.mailbox.bye_rounds)  # (a finished peer that started again is sent to again)
         for peer in sorted(set(self.mailbox.bye_rounds).intersection(self._peers_in_any_round()) - self._said_bye):
             # it finished: we send it nothing more
-            self._say_bye(peer)
+            self._say_bye(peer, "bye-ack")
         snapshot = self._complete_round(take_snapshot=True, final=False)
         if snapshot is None:  # the first mixing point
             snapshot = self.flat.snapshot()
@@ -104,6 +106,8 @@ class AsyncPushSum(SyncGossip):
         heard = {k: self.mailbox.received[k] for k in dests}  # (before sending: what arrives later is newer)
         ready = [k for k in dests if self._answered(k, round, heard[k])]
         pings = [k for k in ready if heard[k] == 0 and self._answers_us(k, round)]
+        # told we finished (a bye forged in our name): a massless message undoes that at once
+        pings += [k for k in sorted(self.mailbox.take_contradicted()) if k in dests and k not in ready]
         sent = []  # the out-neighbours that got our mass
         for weight, group in ((self.weight, [k for k in ready if k not in pings]), (0.0, pings)):
             if group:
@@ -154,18 +158,20 @@ class AsyncPushSum(SyncGossip):
         """Say bye to everyone we may have sent to, then drain: mix in every in-neighbour's last messages."""
         if self.config.world_size < 2:
             return
+        self.mailbox.draining = True  # (before the byes: an answer may come back at once)
         for dest in self._peers_in_any_round():
             if dest not in self.dead and dest not in self._said_bye:
-                self._say_bye(dest)
+                self._say_bye(dest, "bye")
         if self._pending is None:  # no mixing point yet: only what arrived is added
             self._pending = (self.rounds - 1, None, self.weight, 1.0)
         self._complete_round(take_snapshot=False, final=True)
 
-    def _say_bye(self, dest: int) -> None:
+    def _say_bye(self, dest: int, kind: str) -> None:
         """Tell ``dest`` we send it nothing more, and how many rounds we sent it (one past the last): we
-        finished, or it did (then its drain ends as soon as our last message is in, while we train on)."""
+        finished ("bye"), or it did ("bye-ack": its drain ends as soon as our last message is in, while we
+        train on)."""
         self._said_bye.add(dest)
-        bye = Header(kind="bye", sender=self.rank, round=self._last_sent.get(dest, -1) + 1, step=self.local_step)
+        bye = Header(kind=kind, sender=self.rank, round=self._last_sent.get(dest, -1) + 1, step=self.local_step)
         try:
             self.transport.post([dest], encode(bye), latest_only=False, timeout=self.config.send_timeout)
         except PeerTimeout:  # its outbox stayed full: it no longer reads, so it will not wait for this
@@ -180,5 +186,5 @@ class AsyncPushSum(SyncGossip):
 
     def statistics(self) -> dict:
         return {**super().statistics(), "received": sum(self.mailbox.received.values()),
-                "credit_bounded": self.credit_bounded,
+                "credit_bounded": self.credit_bounded, "forged_byes": self.mailbox.forged_byes,
                 "held_back": {str(k): n for k, n in sorted(self.held_back.items())}}
