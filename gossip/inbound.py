@@ -9,16 +9,17 @@ outside libzmq:
 - the kernel counts the bytes it received on each TCP connection (``TCP_INFO``'s ``tcpi_bytes_received``);
 - the transport credits every complete message it takes from a connection (ZeroMQ tells which descriptor
   a message came through);
-- the difference is what libzmq holds for that connection: complete messages in its queue (at most the
-  high-water mark of them) and the message being assembled. An honest sender's difference stays below
-  ``(queue + 2)`` messages of the largest size the protocol allows; a connection beyond that is cut
-  (``shutdown`` of the socket: libzmq sees the end of the stream and frees what it held).
+- the difference, less what still waits in the kernel's receive queue (``FIONREAD``; the kernel bounds
+  that by the socket's receive buffer), is what libzmq holds for that connection: complete messages in
+  its queue (at most the high-water mark of them) and the message being assembled. An honest sender's
+  difference stays below ``(queue + 2)`` messages of the largest size the protocol allows; a connection
+  beyond that is cut (``shutdown`` of the socket: libzmq sees the end of the stream and frees what it held).
 
 The watch runs every ``CHECK_SECONDS`` on the event loop, so what one connection can hold is the limit
 plus what arrives in one interval. The limit is in wire bytes; in memory it is up to 32 times that for a
 message of empty frames (``memory_bound``), which is why the slack beyond the protocol's own messages is
-kept to the handshake and the heartbeats actually sent. Unix-socket connections (same-host peers, abstract sockets, which have
-no file permissions) have no byte counters: one from a process of another user is cut at once (the
+kept to the handshake and the heartbeats actually sent. Unix-socket connections (same-host peers,
+abstract sockets, which have no file permissions) have no byte counters: one from a process of another user is cut at once (the
 kernel names the connecting process's user, ``SO_PEERCRED``); the same user can read our keys anyway.
 
 A cap on connections bounds descriptors: beyond ``max_connections`` the oldest connection that never
@@ -27,9 +28,11 @@ delivered a valid message is cut (a live neighbour's first message is its hello,
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import struct
+import termios
 import time
 from dataclasses import dataclass, field
 
@@ -107,6 +110,7 @@ class InboundGuard:
             received = _bytes_received(connection.socket)
             if received is None:
                 continue
+            received -= _bytes_unread(connection.socket)  # still in the kernel's queue: not libzmq's memory
             if received - connection.delivered > self.allowed(now - connection.opened):
                 self._cut(connection, "oversized")
 
@@ -142,6 +146,14 @@ def _bytes_received(sock: socket.socket) -> int | None:
     if len(info) < _TCP_INFO_SIZE:  # a kernel older than 4.1 does not count them
         return None
     return struct.unpack_from("Q", info, _TCP_INFO_BYTES_RECEIVED)[0]
+
+
+def _bytes_unread(sock: socket.socket) -> int:
+    """Bytes the kernel holds for ``sock`` that libzmq has not read yet (bounded by the receive buffer)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 def _peer_uid(sock: socket.socket) -> int | None:
