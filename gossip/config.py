@@ -3,7 +3,8 @@
 ``GossipConfig`` is what one peer's averager needs (``gossip.attach`` builds it from keyword arguments);
 ``RunConfig`` is a whole local run as ``python -m launch`` describes it, holding a ``GossipConfig`` whose
 ``rank`` is filled in per peer. The launcher's flags take their defaults from these fields, so a default
-is changed here and nowhere else.
+is changed here and nowhere else. Each field that is a flag is described once, by its help in
+``launch/flags.py`` (``gossip-launch --help``); the comments here say only what that help does not.
 """
 
 from __future__ import annotations
@@ -51,39 +52,39 @@ class GossipConfig:
     host: str = "127.0.0.1"
     base_port: int = 47000
     endpoints: tuple[str, ...] = ()  # one per rank; empty means tcp://host:(base_port + rank)
-    bind: str = ""  # address to listen on (e.g. 0.0.0.0); empty: our endpoint's host if it is an IP address
+    bind: str = ""  # empty: our endpoint's host if it is an IP address
     server_endpoint: str = ""  # ps-* modes; empty means tcp://host:(base_port + world_size)
-    ipc: bool = True  # neighbours announced on loopback are reached over a Unix socket (gossip/address.py)
-    secure: str = ""  # KEYDIR: CurveZMQ on every socket, only the public keys in KEYDIR/public admitted
-    gossip_every: int = 1  # local steps between two mixes (schedule "steps")
-    schedule: str = "steps"  # "steps": mix every gossip_every steps; "time": every round_seconds of wall time
-    round_seconds: float = 0.5  # length of a round under schedule "time"; fast peers do more steps in it
-    weight_by: str = "none"  # gossip-sync push-sum mass: "none" (1 per peer) or "samples" since the last mix
-    deadline: str = "fixed"  # gossip-sync: "fixed" waits round_timeout; "adaptive": per-neighbour deadline
-    overlap: bool = True  # gossip-sync: exchange during the next local step (a copy per round); False: in place
-    deadline_k: float = 3.0  # adaptive deadline = median + k * MAD of the neighbour's recent lateness
-    deadline_floor: float = 0.01  # seconds; a deadline is never shorter (loopback and scheduler jitter)
-    deadline_window: int = 16  # recent rounds of lateness and misses kept per neighbour
-    pace_tolerance: float = 0.5  # adaptive: skip neighbours whose rounds take (1 + this) times ours or longer
-    straggler_fraction: float = 0.75  # a neighbour missing more than this share of recent deadlines is chronic
-    partners: str = "any"  # random topology: "similar-speed" prefers partners of the same declared speed class
+    ipc: bool = True  # gossip/address.py
+    secure: str = ""  # KEYDIR (gossip/security.py): only the keys of this run's ranks are admitted
+    gossip_every: int = 1
+    schedule: str = "steps"
+    round_seconds: float = 0.5
+    weight_by: str = "none"  # "none": a mass of 1 per peer
+    deadline: str = "fixed"
+    overlap: bool = True
+    deadline_k: float = 3.0
+    deadline_floor: float = 0.01  # loopback and scheduler jitter
+    deadline_window: int = 16
+    pace_tolerance: float = 0.5
+    straggler_fraction: float = 0.75
+    partners: str = "any"
     peer_speeds: tuple[float, ...] = ()  # declared per-peer speeds (partners "similar-speed"); empty: all 1
-    link_latency_ms: tuple[float, ...] = ()  # per-peer emulated one-way latency added to every message
-    async_rule: str = "push-sum"  # gossip-async: "push-sum" (each message mixed once, mean kept) or "latest"
-    staleness_weight: str = "none"  # async rule "latest": f(tau) = 1 (none), 1/(1+tau) (inverse), exp(-tau/T)
-    staleness_temperature: float = 4.0  # T of the exp weighting, in steps
-    max_staleness: int = 20  # async rule "latest": snapshots older than this many own steps are ignored
-    aggregate: str = "mean"  # gossip mixing rule: "mean" (exact, weighted), or a robust "median" / "trimmed-mean"
-    trim_fraction: float = 0.2  # trimmed-mean: drop this fraction of the values from each end (at least 1 of 3+)
-    byzantine: tuple[int, ...] = ()  # fault injection: these ranks send random finite garbage instead of weights
-    byzantine_scale: float = 1e30  # ... uniform in [-scale, scale] (capped at a tenth of the dtype's largest)
-    chunk_mb: float = 8.0  # payload frame size; 8-16 MiB keeps glibc from mapping every frame anew
-    queue_depth: int = 8  # messages queued per neighbour before a sync send blocks
-    round_timeout: float = 60.0  # seconds a sync peer waits for its neighbours in one round
-    peer_timeout: float = 3.0  # a neighbour disconnected (or silent to heartbeats) this long is dead
-    startup_timeout: float = 120.0  # seconds a peer waits for its first neighbours to come up
-    send_timeout: float = 60.0  # seconds a message may wait for a slow or absent receiver
-    shutdown_timeout: float = 10.0  # seconds to flush outgoing messages on close
+    link_latency_ms: tuple[float, ...] = ()
+    async_rule: str = "push-sum"
+    staleness_weight: str = "none"  # f(tau) = 1 (none), 1/(1+tau) (inverse), exp(-tau/T)
+    staleness_temperature: float = 4.0
+    max_staleness: int = 20
+    aggregate: str = "mean"
+    trim_fraction: float = 0.2
+    byzantine: tuple[int, ...] = ()
+    byzantine_scale: float = 1e30  # uniform in [-scale, scale], capped at a tenth of the dtype's largest
+    chunk_mb: float = 8.0  # 8-16 MiB keeps glibc from mapping every frame anew
+    queue_depth: int = 8
+    round_timeout: float = 60.0  # seconds, like every timeout
+    peer_timeout: float = 3.0  # also ZeroMQ's heartbeat TTL (MAX_PEER_TIMEOUT)
+    startup_timeout: float = 120.0
+    send_timeout: float = 60.0
+    shutdown_timeout: float = 10.0
     seed: int = 0
     # What no honest message of this run can exceed (0: unknown, e.g. a library user's config): the run's
     # rounds and steps, and a push-sum weight. Set from the run's flags by RunConfig; a message that claims
@@ -194,21 +195,20 @@ class GossipConfig:
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
-    """The parameter-server modes: what workers send and what the server does with it (README, "Parameter-server modes")."""
+    """The parameter-server modes: what workers send and what the server does with it (README,
+    "Parameter-server modes")."""
 
-    local_steps: int = 10  # ps-avg: local steps between two averagings (averaging every 10-20 minibatches still trains well)
-    staleness_lr: bool = False  # scale each gradient's learning rate by 1 / max(1, staleness)
-    soft_sync: int = 1  # apply the mean once this many gradients from any workers arrived (1: on arrival)
-    staleness_bound: int = 3  # ps-ssp: a worker more than this many steps ahead of the slowest waits
-    dc_lambda: float = 0.04  # ps-dcasgd: lambda of the compensation term (lambda0 with --dc-adaptive)
-    dc_adaptive: bool = False  # DC-ASGD-a: lambda_t = lambda0 / sqrt(mean square of g + epsilon)
-    dc_momentum: float = 0.95  # DC-ASGD-a: m in MS <- m MS + (1 - m) g*g
-    dc_epsilon: float = 1e-7  # DC-ASGD-a: epsilon under the square root
-    missing_worker: str = "fail"  # a worker silent for --round-timeout: "fail" naming it, or "continue" without it
-    server_retries: int = 5  # a worker re-joins a silent server this many times (with back-off) before failing
-    # the server's SGD (gossip/coordinator/modes.py, server_optimizer): "auto" adapts --momentum and --lr to the
-    # k = N / soft_sync updates in flight in ps-async, ps-ssp and ps-dcasgd (momentum max(0, mu - (1 - 1/k)),
-    # lr * (1 - that) / ((1 - mu) k)) and keeps them in ps-sync; a number is used as given
+    local_steps: int = 10  # averaging every 10-20 minibatches still trains well
+    staleness_lr: bool = False
+    soft_sync: int = 1  # gradients from any workers
+    staleness_bound: int = 3
+    dc_lambda: float = 0.04
+    dc_adaptive: bool = False
+    dc_momentum: float = 0.95  # m in MS <- m MS + (1 - m) g*g
+    dc_epsilon: float = 1e-7
+    missing_worker: str = "fail"  # "fail" names the silent worker
+    server_retries: int = 5  # with back-off, then the worker fails
+    # the server's SGD, "auto" or a number used as given; "auto" is server_optimizer in gossip/coordinator/modes.py
     server_momentum: float | str = "auto"
     server_lr: float | str = "auto"
 
@@ -237,24 +237,24 @@ class RunConfig:
 
     nodes: int = DEFAULT_NODES
     task: str = "digits"
-    steps: int = 300  # local steps per peer (schedule "steps")
-    rounds: int = 0  # schedule "time": the run lasts this many rounds of round_seconds (must be set then)
-    out: str = ""  # output directory; empty means runs/<timestamp>
-    speeds: tuple[float, ...] = ()  # per-peer speed; a peer at speed s takes 1/s as long per step
-    compute_ms: float = 0.0  # emulated accelerator step added to every step, scaled by 1/speed
-    link_mbit: tuple[float, ...] = ()  # per-peer link rate in Mbit/s through a tc tbf qdisc (root); 0: unlimited
+    steps: int = 300
+    rounds: int = 0
+    out: str = ""  # empty: runs/<date-time>
+    speeds: tuple[float, ...] = ()  # empty: all 1
+    compute_ms: float = 0.0
+    link_mbit: tuple[float, ...] = ()  # launch/links.py
     threads_per_peer: int = 1
     lr: float = 0.05
     momentum: float = 0.9
     batch_size: int = 32
-    dim: int = 256  # vector length of the consensus task
-    eval_every: int = 25  # steps between test-set evaluations (0: only at the end)
-    log_every: int = 1  # steps between two step events in peer-<rank>.jsonl
+    dim: int = 256
+    eval_every: int = 25
+    log_every: int = 1
     trace_coords: int = 65536  # coordinates sampled per peer for the consensus-distance trace
-    checkpoint_every: int = 0  # steps between a peer's checkpoints (the server: updates); 0 = never
-    max_restarts: int = 0  # the launcher restarts a process that died, with --resume, this many times
-    keep_going: bool = False  # a peer that died for good does not stop the others (the server always does)
-    device: str = "auto"  # auto (cuda:LOCAL_RANK mod GPUs when torch sees a GPU, else cpu), cpu, cuda, cuda:I
+    checkpoint_every: int = 0
+    max_restarts: int = 0
+    keep_going: bool = False  # a dead server always stops the run
+    device: str = "auto"
     # sized like the default run, so that RunConfig() is valid; other sizes pass their own GossipConfig
     gossip: GossipConfig = field(default_factory=lambda: GossipConfig(world_size=DEFAULT_NODES))
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
@@ -358,16 +358,16 @@ class RendezvousConfig:
     world size and its peers' endpoints; and how ``gossip-launch --hosts`` starts peers on other hosts.
     Explicit values win over the environment (see ``gossip.rendezvous``)."""
 
-    rank: int = -1  # -1: from torchrun, SLURM or MPI variables, else given out by the first peer
-    world_size: int = 0  # 0: from the environment, else learned from the first peer
-    announce: str = ""  # address others reach this peer at; empty: the one that routes to the store
-    initial_peers: tuple[str, ...] = ()  # tcp://HOST:PORT of the first peer's rendezvous store
-    rendezvous_port: int = 0  # the first peer's rendezvous store listens here; 0: BASE_PORT - 1
-    rendezvous_timeout: float = 300.0  # seconds to wait for the whole world to check in
-    hosts: str = ""  # "a:4,b:2": ranks 0-3 on host a, 4-5 on b, peer r listening on BASE_PORT + r
-    hostfile: str = ""  # gossip-launch: hosts from a file, one per line ("node01 slots=4")
-    remote_shell: str = "ssh"  # gossip-launch: command that runs a command on a host: SHELL HOST COMMAND
-    remote_python: str = ""  # gossip-launch: python on the other hosts; empty: this interpreter's path
+    rank: int = -1  # -1: not given
+    world_size: int = 0  # 0: not given
+    announce: str = ""
+    initial_peers: tuple[str, ...] = ()
+    rendezvous_port: int = 0  # 0: BASE_PORT - 1 (store_port)
+    rendezvous_timeout: float = 300.0
+    hosts: str = ""
+    hostfile: str = ""  # gossip-launch only, like the remote_* fields
+    remote_shell: str = "ssh"
+    remote_python: str = ""
 
     def __post_init__(self) -> None:
         _check_int(self, "rank", minimum=-1)

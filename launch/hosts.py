@@ -32,9 +32,8 @@ from gossip.config import RendezvousConfig, RunConfig
 from gossip.errors import ConfigError
 from gossip.rendezvous import hosts_endpoints, hosts_server_endpoint
 from gossip.tasks import load_task
-from launch.cli import config_from_args, field_values, flag_argv
+from launch.flags import SHARED_FLAGS, config_from_args, field_values, flag_argv
 from launch.local import Member, check_ports, prepare_out, supervise
-from launch.peer import SHARED_FLAGS
 from launch.procs import start_peer, warm_up_for_fork
 
 

@@ -29,24 +29,20 @@ from gossip.address import bindable
 from gossip.config import RendezvousConfig, RunConfig
 from gossip.errors import ConfigError, TaskError
 from gossip.rendezvous import Plan, hosts_server_endpoint, plan_rendezvous
-from launch.cli import (FLAGS, LAUNCHER_ONLY, PEER_FLAGS, _Parser, config_from_args, field_values, flag_argv,
-                        rendezvous_from_args)
+from launch.flags import (PEER_COMMAND_FLAGS, SHARED_FLAGS, FlagParser, add_flags, config_from_args, field_values,
+                          flag_argv, rendezvous_from_args)
 
 PROG = "gossip-peer"
 # fields that may differ between the peers of one run: where and how each runs, not what it computes
 PER_PEER = frozenset({"out", "device", "threads_per_peer", "log_every", "host", "bind", "base_port", "endpoints",
                       "server_endpoint", "rank", "world_size", "nodes", "queue_depth", "round_timeout",
                       "startup_timeout", "send_timeout", "shutdown_timeout"})
-SHARED_FLAGS = [row for row in FLAGS if row[1] not in LAUNCHER_ONLY]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from launch.cli import add_flags
-
-    parser = _Parser(prog=PROG, description="One gossip peer started on its own: by hand on each machine, under "
-                     "torchrun, srun or mpirun, or by gossip-launch --hosts.")
-    add_flags(parser, SHARED_FLAGS + PEER_FLAGS)
-    parser.add_argument("--server", action="store_true", help="be the parameter server of a ps-* run")
+    parser = FlagParser(prog=PROG, description="One gossip peer started on its own: by hand on each machine, under "
+                        "torchrun, srun or mpirun, or by gossip-launch --hosts.")
+    add_flags(parser, PEER_COMMAND_FLAGS)
     return parser
 
 

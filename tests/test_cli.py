@@ -1,14 +1,18 @@
-"""The launcher's command line: every flag documented with its default, and one clear line for bad input."""
+"""The launcher's command line: every flag documented once, with its default, under its group; the README's
+flag table agrees with the parser; and one clear line for bad input."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
-from launch.cli import FLAGS, PER_PEER_DEFAULTS, build_parser
+from launch.cli import build_parser, main
+from launch.flags import CHOICES, FLAGS, GROUPS, PER_PEER_DEFAULTS, SWITCHES
 from tests.conftest import ROOT, free_base_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,22 +23,132 @@ def launch(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT)
 
 
+@pytest.fixture
+def launch_here(capsys, monkeypatch):
+    """``gossip-launch ARGS`` in this process: (exit status, stderr). Starting peers fails the test."""
+    import launch.local
+
+    def started(*_args, **_kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(launch.local, "supervise", started)
+
+    def run(*args: str) -> tuple[int, str]:
+        try:
+            status = main(list(args))
+        except SystemExit as exc:  # argparse's errors
+            status = exc.code
+        return status, capsys.readouterr().err
+
+    return run
+
+
 def test_help_shows_every_flag_with_its_default():
-    proc = launch("--help")
-    assert proc.returncode == 0
-    text = " ".join(proc.stdout.split())  # argparse wraps lines
-    squeezed = "".join(proc.stdout.split())  # ... and may break them at a hyphen
     parser = build_parser()
-    for flag, name, _ in FLAGS:
-        assert flag in text, flag
-        if name != "out":
-            default = parser.get_default(name)
+    help_text = parser.format_help()
+    text = " ".join(help_text.split())  # argparse wraps lines
+    squeezed = "".join(help_text.split())  # ... and may break them at a hyphen
+    for row in FLAGS:
+        assert row.flag in text, row.flag
+        if row.name != "out" and row.name not in SWITCHES:
+            default = parser.get_default(row.name)
             per_peer = isinstance(default, tuple)
-            shown = ",".join(map(str, default)) or PER_PEER_DEFAULTS[name] if per_peer else str(default)
-            usage = f"{flag}, --no-{flag[2:]}" if isinstance(default, bool) else f"{flag} {name.upper()}"
+            shown = ",".join(map(str, default)) or PER_PEER_DEFAULTS[row.name] if per_peer else str(default)
+            if isinstance(default, bool):
+                usage = f"{row.flag}, --no-{row.flag[2:]}"
+            elif row.name in CHOICES:
+                usage = f"{row.flag} {{{','.join(CHOICES[row.name])}}}"
+            else:
+                usage = f"{row.flag} {row.name.upper()}"
             assert usage in text, usage
-            assert f"(default:{shown})".replace(" ", "") in squeezed, (flag, shown)
+            assert f"(default:{shown})".replace(" ", "") in squeezed, (row.flag, shown)
     assert "--progress" in text and "runs/<date-time>" in text
+
+
+def help_sections(help_text: str) -> list[tuple[str, list[str]]]:
+    """(title, option strings listed under it) for each titled section of ``--help``, in order."""
+    sections: list[tuple[str, list[str]]] = []
+    for line in help_text.splitlines():
+        if re.fullmatch(r"[a-z][a-z ]*:", line):
+            sections.append((line[:-1], []))
+        elif sections and re.match(r"  -", line):  # an option's line; its help may follow on the same line
+            invocation = re.split(r"\s{2,}", line.strip())[0]
+            sections[-1][1].extend(part.split()[0] for part in invocation.split(", "))
+    return sections
+
+
+def test_help_groups_the_flags_under_titles_in_order_and_lists_each_once():
+    parser = build_parser()
+    sections = help_sections(parser.format_help())
+    assert [title for title, _ in sections if title in GROUPS] == list(GROUPS)
+    listed = Counter(option for _, options in sections for option in options)
+    assert set(listed) == set(parser._option_string_actions), set(listed) ^ set(parser._option_string_actions)
+    assert all(count == 1 for count in listed.values()), [o for o, count in listed.items() if count > 1]
+    group_of = {option: title for title, options in sections for option in options}
+    for row in FLAGS:
+        assert group_of[row.flag] == row.group, (row.flag, group_of[row.flag], row.group)
+    assert [row.group for row in FLAGS] == sorted((row.group for row in FLAGS), key=GROUPS.index)  # one run each
+
+
+def readme_tables() -> list[list[list[str]]]:
+    """Every table of README.md as rows of cells (the header row first, the --- row left out)."""
+    tables, rows = [], []
+    for line in (ROOT / "README.md").read_text().splitlines() + [""]:
+        if line.startswith("|"):
+            if not re.fullmatch(r"[|\s:-]+", line):
+                rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+        elif rows:
+            tables, rows = tables + [rows], []
+    return tables
+
+
+def readme_says(text: str, name: str, flag: str, default) -> bool:
+    """Does the README's default ``text`` say ``default``? Switches read on/off or the flag's own name, empty
+    lists and strings none/off, numbers compare as numbers."""
+    text = text.strip().lower()
+    if name == "out":
+        return default == "" and text.startswith("runs/")
+    if isinstance(default, bool):
+        return text in (("on", "true", flag[2:]) if default else ("off", "false"))
+    if default in ((), ""):
+        return text in ("none", "off", PER_PEER_DEFAULTS.get(name, "none"))
+    if isinstance(default, (int, float)):
+        try:
+            return float(text) == float(default)
+        except ValueError:
+            return False
+    return text == str(default).lower()
+
+
+def test_the_readme_tables_name_real_flags_with_the_parsers_defaults():
+    from launch.peer import build_parser as peer_parser
+
+    launcher = build_parser()
+    known = set(launcher._option_string_actions) | set(peer_parser()._option_string_actions)
+    # gossip.peer's own flag, which the launcher adds when it restarts a process (--max-restarts)
+    internal = {"--resume"}
+    assert '"--resume"' in (ROOT / "gossip" / "peer.py").read_text()
+    tables = readme_tables()
+    named = {flag for table in tables for row in table for cell in row
+             for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", cell)}
+    assert named - internal <= known, sorted(named - internal - known)
+    checked = 0
+    for table in tables:
+        for row in table[1:] if table[0][:2] == ["flag", "default"] else []:
+            flags = re.findall(r"`(--[a-z][a-z0-9-]*)", row[0])
+            flags = [f for f in flags if not (f.startswith("--no-") and "--" + f[5:] in flags)]
+            defaults = [part for part in row[1].split(", ")] if row[1] else []
+            assert not defaults or len(defaults) == len(flags), row[:2]
+            for flag, text in zip(flags, defaults):
+                action = launcher._option_string_actions[flag]
+                assert readme_says(text, action.dest, flag, action.default), (flag, text, action.default)
+                checked += 1
+        for row in table[1:]:  # "`--local-steps` (10)": a default in passing
+            for flag, text in re.findall(r"`(--[a-z][a-z0-9-]*)[^`]*` \(([0-9.]+)\)", " | ".join(row)):
+                action = launcher._option_string_actions[flag]
+                assert readme_says(text, action.dest, flag, action.default), (flag, text, action.default)
+                checked += 1
+    assert checked >= 30
 
 
 def test_defaults_are_four_peers_on_a_ring_training_digits():
@@ -77,33 +191,35 @@ def test_defaults_are_four_peers_on_a_ring_training_digits():
     (["--link-mbit", "0,10"], "--link-mbit lists 2 values for 4 peers; give one per peer"),
     (["--link-mbit", "0,0,0,-1"], "--link-mbit must be rates in Mbit/s >= 0"),
     (["--link-latency-ms", "1,2,3"], "--link-latency-ms lists 3 values for 4 peers"),
-    (["--mode", "ps-sync", "--schedule", "time", "--rounds", "5"], "--schedule time and --partners apply to the gossip modes"),
+    (["--mode", "ps-sync", "--schedule", "time", "--rounds", "5"],
+     "--schedule time and --partners apply to the gossip modes"),
     (["--aggregate", "mode"], "--aggregate 'mode' is not valid; choose one of: mean, median, trimmed-mean"),
     (["--aggregate", "median", "--deadline", "adaptive"], "push-sum masses assume a linear mean"),
     (["--byzantine", "1,x"], "is not a comma-separated list of integers"),
     (["--byzantine", "4"], "--byzantine must list peer ranks in 0..3, got 4"),
 ])
-def test_bad_input_gives_one_clear_line_and_exit_2(args, expected, tmp_path):
-    proc = launch(*args, "--out", str(tmp_path / "out"), "--base-port", str(free_base_port(8)))
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+def test_bad_input_gives_one_clear_line_and_exit_2(args, expected, tmp_path, launch_here):
+    status, stderr = launch_here(*args, "--out", str(tmp_path / "out"), "--base-port", str(free_base_port(8)))
+    assert status == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
     assert lines[0].startswith("gossip-launch: error:") and expected in lines[0], lines[0]
     assert not (tmp_path / "out" / "peers.json").exists()
 
 
-def test_a_port_in_use_is_reported_before_anything_starts(tmp_path):
+def test_a_port_in_use_is_reported_before_anything_starts(tmp_path, launch_here):
     base = free_base_port(4)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", base + 2))
         holder.listen()
-        proc = launch("--out", str(tmp_path / "out"), "--base-port", str(base))
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"gossip-launch: error: port {base + 2} for peer 2 on 127.0.0.1 is unavailable "
-                                   "(Address already in use); choose another --base-port")
+        status, stderr = launch_here("--out", str(tmp_path / "out"), "--base-port", str(base))
+    assert status == 2
+    assert stderr.strip() == (f"gossip-launch: error: port {base + 2} for peer 2 on 127.0.0.1 is unavailable "
+                              "(Address already in use); choose another --base-port")
 
 
 def test_an_output_directory_holding_a_run_is_not_overwritten(tmp_path):
+    """The real command, end to end: ``python -m launch`` parses, checks and exits 2 with one line."""
     (tmp_path / "peers.json").write_text("[]")
     proc = launch("--out", str(tmp_path), "--base-port", str(free_base_port(4)))
     assert proc.returncode == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launch import cli
+from launch import cli, flags
 from launch import peer as peer_cli
 from tests.conftest import free_base_port
 
@@ -14,11 +14,11 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_help_lists_the_shared_and_the_rendezvous_flags_but_not_the_launchers_own():
     text = " ".join(peer_cli.build_parser().format_help().split())
-    for flag, name, _ in peer_cli.SHARED_FLAGS + cli.PEER_FLAGS:
-        assert flag in text, flag
-    for flag, name, _ in cli.FLAGS:
-        if name in cli.LAUNCHER_ONLY:
-            assert f"{flag} " not in text, flag
+    for row in flags.SHARED_FLAGS + flags.PEER_FLAGS:
+        assert row.flag in text, row.flag
+    for row in flags.FLAGS:
+        if row.name in flags.LAUNCHER_ONLY:
+            assert f"{row.flag} " not in text, row.flag
     assert "--server" in text and "(default: -1)" in text and "(default: 300.0)" in text
 
 
@@ -27,18 +27,18 @@ def test_flags_written_from_a_config_read_back_as_the_same_config():
             "--device", "cpu", "--bind", "0.0.0.0", "--lr", "0.1", "--out", "runs/x", "--hosts", "a:2,b:2"]
     parser = peer_cli.build_parser()
     args = parser.parse_args(argv)
-    cfg = cli.config_from_args(args, nodes=4)
-    rendezvous = cli.rendezvous_from_args(args)
-    written = cli.flag_argv(cli.field_values(cfg, rendezvous), peer_cli.SHARED_FLAGS)
+    cfg = flags.config_from_args(args, nodes=4)
+    rendezvous = flags.rendezvous_from_args(args)
+    written = flags.flag_argv(flags.field_values(cfg, rendezvous), flags.SHARED_FLAGS)
     again = parser.parse_args(written)
-    assert cli.config_from_args(again, nodes=4) == cfg and cli.rendezvous_from_args(again) == rendezvous
+    assert flags.config_from_args(again, nodes=4) == cfg and flags.rendezvous_from_args(again) == rendezvous
     assert "--dc-adaptive" in written and "--steps" not in written  # defaults are left out
 
 
 def test_the_line_for_the_next_machine_carries_the_run_flags_only():
     args = peer_cli.build_parser().parse_args(["--steps", "50", "--world-size", "3", "--device", "cpu",
                                                "--bind", "10.0.0.1", "--base-port", "5000"])
-    line = peer_cli.next_machine_line(cli.config_from_args(args, nodes=3), "tcp://10.0.0.1:4999")
+    line = peer_cli.next_machine_line(flags.config_from_args(args, nodes=3), "tcp://10.0.0.1:4999")
     assert line == "python -m launch.peer --initial-peers tcp://10.0.0.1:4999 --steps 50 --base-port 5000"
 
 
@@ -82,7 +82,7 @@ def test_a_remote_peer_is_started_with_the_run_flags_its_rank_and_the_host_list(
 
     args = cli.build_parser().parse_args(["--hosts", "a:1,b:1", "--steps", "7", "--remote-shell", "ssh -p 2222",
                                           "--remote-python", "/opt/py/bin/python", "--out", str(tmp_path)])
-    rendezvous = cli.rendezvous_from_args(args)
+    rendezvous = flags.rendezvous_from_args(args)
     cfg = run_config(args, "a:1,b:1", nodes_given=False)
     assert cfg.gossip.endpoints == ("tcp://a:47000", "tcp://b:47001")
     command = remote_command(cfg, rendezvous, "a:1,b:1", "b", ["--rank", "1"])
