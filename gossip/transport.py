@@ -12,7 +12,9 @@ Socket options, deliberately:
   authenticated its connection (``--secure``), or else only what its header claims.
 - SNDHWM = 2 per DEALER: at most two whole messages wait inside libzmq per neighbour (HWM counts whole
   multipart messages); beyond that our own bounded per-neighbour queue decides: sync sends wait (up to
-  ``send_timeout``), async sends replace the stale queued snapshot.
+  ``send_timeout``); under gossip-async's latest rule a send replaces the stale queued snapshot, while
+  push-sum offers a message only where there is room (``offer``) and never replaces one, which would lose
+  its mass.
 - RCVHWM bounds how many complete messages a connection can park in libzmq; MAXMSGSIZE (the largest frame
   our model's layout has, plus the header's limit) disconnects a sender of an oversized frame before it
   is read. Neither bounds one message of endless frames: ``gossip/inbound.py`` watches every accepted
