@@ -64,6 +64,7 @@ class Mailbox:
         self.reported: dict[int, Header] = {}  # sender -> the header of its latest message (speed, pace)
         # Liveness (gossip modes): see ``link``, ``dead`` and ``take_restarted``.
         self.peer_timeout = 3.0
+        self.clock = time.monotonic  # liveness's clock (a test advances its own instead of sleeping)
         self._down_since: dict[int, float] = {}  # neighbour -> when our connection to it dropped
         self._restarted: set[int] = set()  # said hello a second time: a new incarnation, not yet re-admitted
         self._unconfirmed: dict[int, float] = {}  # said hello again while our link to it was up: since when
@@ -129,7 +130,7 @@ class Mailbox:
                 self._drops[sender] > self._drops_at_hello.get(sender, 0):
             self._believe_restart(sender)
         else:
-            self._unconfirmed[sender] = time.monotonic()
+            self._unconfirmed[sender] = self.clock()
 
     def _believe_restart(self, sender: int) -> None:
         self._unconfirmed.pop(sender, None)
@@ -148,16 +149,16 @@ class Mailbox:
                 self._down_since.pop(peer, None)
                 self._up.add(peer)
             else:
-                self._down_since.setdefault(peer, time.monotonic())
+                self._down_since.setdefault(peer, self.clock())
                 self._drops[peer] += 1
-                if time.monotonic() - self._unconfirmed.pop(peer, -CONFIRM_SECONDS) < CONFIRM_SECONDS:
+                if self.clock() - self._unconfirmed.pop(peer, -CONFIRM_SECONDS) < CONFIRM_SECONDS:
                     self._believe_restart(peer)
             self._cond.notify_all()
 
     def _dead(self) -> set[int]:
         """Neighbours not to wait for (lock held): disconnected for ``peer_timeout`` seconds, declared dead,
         or replaced by a new incarnation that is not re-admitted yet. A finished neighbour is not dead."""
-        now = time.monotonic()
+        now = self.clock()
         lost = {j for j, since in self._down_since.items()
                 if now - since >= self.peer_timeout and j not in self._finished}
         return lost | self._declared | self._restarted

@@ -3,6 +3,10 @@
 Every multi-process test goes through ``launch_run``: the launcher runs as a real subprocess under a
 timeout; its peers receive SIGTERM if it dies (PR_SET_PDEATHSIG), and afterwards any peer PID listed in
 peers.json that is still alive is killed, so a hang fails the test instead of freezing CI.
+
+Tests that start processes are marked ``slow``: every user of ``launch_run`` by the hook below, the
+others by hand. ``python -m pytest -m "not slow"`` is the quick subset (pure tests and in-process
+sockets).
 """
 
 from __future__ import annotations
@@ -109,3 +113,9 @@ def launch_run(tmp_path):
     for out, finished in outs:
         leftovers = reap_peers(out, grace=5.0)
         assert not (finished and leftovers), f"peers {leftovers} outlived the launcher"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "launch_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

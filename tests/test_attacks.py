@@ -20,7 +20,7 @@ import torch
 from tests.conftest import ROOT, free_base_port, reap_peers
 from tests.hostile import Stranger, forged, victim_layout
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 NODES = 4
 RUN = ["--nodes", str(NODES), "--steps", "250", "--compute-ms", "20", "--progress", "off", "--no-plot"]
 

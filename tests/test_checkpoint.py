@@ -41,6 +41,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_killing_a_writer_mid_write_leaves_a_loadable_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pt"
     for delay in (0.0, 0.05, 0.13):

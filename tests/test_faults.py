@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import ROOT, free_base_port, reap_peers
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def events(path) -> list[dict]:

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import ROOT, free_base_port, reap_peers
 from tests.hostile import attack, victim_layout
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_a_peer_under_fire_keeps_training_and_counts_every_drop(tmp_path):

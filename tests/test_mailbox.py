@@ -1,14 +1,13 @@
-"""The gossip-async mailbox's handling of a neighbour that finishes ("bye"). Pure: frames built in memory."""
+"""The mailboxes' rules: byes, header claims, hellos, welcomes, per-worker shares. Pure: frames built in memory,
+liveness on a clock the test advances."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 import torch
 
 from gossip.errors import ProtocolError
-from gossip.mailbox import PER_WORKER, LatestMailbox, PushSumMailbox, QueueMailbox
+from gossip.mailbox import CONFIRM_SECONDS, PER_WORKER, LatestMailbox, PushSumMailbox, QueueMailbox
 from gossip.wire import Header, Layout, encode, params_header
 
 CHUNK = 256
@@ -16,9 +15,23 @@ LAYOUT = Layout.describe([("w", (50,), "float32")], ["float32"], [50], CHUNK)
 RING = {0: (1, 3), 1: (0, 2), 2: (1, 3), 3: (2, 0)}
 
 
+class Clock:
+    """A liveness clock that moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def mailbox() -> LatestMailbox:
     box = LatestMailbox(0, 4, LAYOUT, lambda sender, round: sender in RING[0])
     box.peer_timeout = 0.05
+    box.clock = Clock()
     return box
 
 
@@ -54,7 +67,7 @@ def test_a_bye_for_another_step_freezes_nothing_and_a_newer_snapshot_undoes_it()
     box.deliver(None, bye(3, 7))
     box.deliver(None, params(3, 8))  # it sends again: not finished after all
     box.link(3, up=False)
-    time.sleep(0.1)
+    box.clock.advance(0.1)
     assert box.dead() == {3}
 
 
@@ -64,7 +77,7 @@ def test_a_finished_neighbour_whose_connection_drops_is_not_dead():
     box.deliver(None, bye(1, 40))
     box.link(1, up=False)
     box.link(3, up=False)
-    time.sleep(0.1)  # past peer_timeout
+    box.clock.advance(0.1)  # past peer_timeout
     assert box.dead() == {3}
     assert set(box.latest()) == {1}  # its final model stays in the mix
 
@@ -78,7 +91,7 @@ def test_a_restarted_neighbour_is_no_longer_finished():
     assert box.take_restarted() == {1}
     assert box.latest() == {}
     box.link(1, up=False)
-    time.sleep(0.1)
+    box.clock.advance(0.1)
     assert box.dead() == {1}
 
 
@@ -88,7 +101,7 @@ def test_a_bye_from_a_stranger_is_dropped():
         box.deliver(None, bye(2, 40))  # peer 2 is not our neighbour on the ring
     assert excinfo.value.reason == "not-neighbour"
     box.link(2, up=False)
-    time.sleep(0.1)
+    box.clock.advance(0.1)
     assert box.dead() == {2}
 
 
@@ -146,6 +159,17 @@ def test_a_second_hello_is_a_restart_only_with_the_drop_of_our_link():
     box.link(1, up=False)  # a real restart: the old process's connection closes, then the new one says hello
     box.deliver(None, encode(Header(kind="hello", sender=1)))
     assert box.take_restarted() == {1}
+
+
+def test_a_forged_hello_is_forgotten_once_the_confirmation_window_has_passed():
+    box = push_sum_box()
+    box.clock = Clock()
+    box.link(1, up=True)
+    box.deliver(None, encode(Header(kind="hello", sender=1)))
+    box.deliver(None, encode(Header(kind="hello", sender=1)))  # forged
+    box.clock.advance(CONFIRM_SECONDS + 0.01)
+    box.link(1, up=False)  # a drop this much later is not the restart the hello announced
+    assert box.take_restarted() == set()
 
 
 def test_a_welcome_counts_only_while_we_rejoin():

@@ -18,7 +18,7 @@ from tests import netns
 from tests.conftest import ROOT, alive, free_base_port
 
 REASON = netns.unavailable()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=str(REASON)), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=str(REASON)), pytest.mark.timeout(240)]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ROOT, free_base_port
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"  # the one of this environment's torch
-pytestmark = [pytest.mark.timeout(180),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180),
               pytest.mark.skipif(not TORCHRUN.exists(), reason=f"torchrun is not installed beside {sys.executable}")]
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 import gossip
 import topologies
@@ -86,15 +87,21 @@ def test_loopback_neighbours_are_reached_over_the_unix_socket_unless_ipc_is_off(
     context = zmq.Context()
     try:
         sender.post([0], [b"hello"], latest_only=False, timeout=5)
-        # the receiver also listens on the Unix socket (or not): a bare socket tries it
+        # the receiver also listens on the Unix socket (or not): a bare socket tries it, and its monitor
+        # says which: connected, or refused and retrying (then no message can come that way)
         bare = context.socket(zmq.DEALER)
         bare.setsockopt(zmq.LINGER, 0)
+        monitor = bare.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED)
         bare.connect(ipc_endpoint(eps[0]))
+        assert monitor.poll(5000)
+        event = recv_monitor_message(monitor)["event"]
+        assert event == (zmq.EVENT_CONNECTED if ipc else zmq.EVENT_CONNECT_RETRIED)
         bare.send(b"bare")
         deadline = time.monotonic() + 5
         while len(received) < (2 if ipc else 1) and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.2)  # (without ipc: time for a message that should not come)
+        bare.disable_monitor()
+        monitor.close(linger=0)
         assert sorted(f.bytes for frames in received for f in frames) == ([b"bare", b"hello"] if ipc else [b"hello"])
         assert sender.statistics()["routes"] == {"0": "ipc" if ipc else "tcp"}
     finally:
@@ -289,16 +296,28 @@ def test_async_gossip_never_waits_for_a_neighbour_that_left(leaves):
     options = dict(world_size=2, endpoints=tuple(eps), mode="gossip-async", async_rule="latest", max_staleness=3,
                    startup_timeout=20)
 
+    averagers: dict = {}
+    left = threading.Event()
+
+    def wait_until(condition) -> None:
+        deadline = time.monotonic() + 20
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert condition()
+
     def peer(rank: int):
-        averager = gossip.attach(models[rank], rank=rank, **options)
+        averagers[rank] = averager = gossip.attach(models[rank], rank=rank, **options)
         steps = 1 if rank == 1 else 50
         for _ in range(steps):
             averager.step()
             if rank == 0 and averager.local_step == 1:
-                time.sleep(1.5)  # let peer 1 leave
-        if rank == 1 and leaves == "dies":
-            time.sleep(0.3)  # (its snapshot goes out) then it closes as a crash would: no bye
+                assert left.wait(20)  # peer 1 has left, and a finished peer's bye is in
+                wait_until(lambda: leaves == "dies" or averager.mailbox.latest()[1].final_step is not None)
+        if rank == 1 and leaves == "dies":  # once its snapshot is in, it closes as a crash would: no bye
+            wait_until(lambda: 0 in averagers and 1 in averagers[0].mailbox.reported)
         averager.close(finish=rank == 0 or leaves == "finishes")
+        if rank == 1:
+            left.set()
         return averager.statistics()
 
     stats = run_peers(2, peer)[0]
