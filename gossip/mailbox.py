@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gossip.errors import PeerTimeout, ProtocolError
+from gossip.errors import PeerTimeout, ProtocolError, TransportError
 from gossip.wire import Header, Layout, Message, decode
 
 CONFIRM_SECONDS = 1.0  # a second hello waits this long for the drop of our link that proves a restart
@@ -65,6 +65,7 @@ class Mailbox:
         # Liveness (gossip modes): see ``link``, ``dead`` and ``take_restarted``.
         self.peer_timeout = 3.0
         self.clock = time.monotonic  # liveness's clock (a test advances its own instead of sleeping)
+        self.failure: BaseException | None = None  # the transport's, once one of its tasks died
         self._down_since: dict[int, float] = {}  # neighbour -> when our connection to it dropped
         self._restarted: set[int] = set()  # said hello a second time: a new incarnation, not yet re-admitted
         self._unconfirmed: dict[int, float] = {}  # said hello again while our link to it was up: since when
@@ -220,11 +221,27 @@ class Mailbox:
             raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {_ranks(missing)} within {timeout:g} s "
                               f"of starting (--startup-timeout); are they running, on the same --base-port?")
 
+    def fail(self, exc: BaseException) -> None:
+        """The transport died (its ``on_failure``): every wait raises with the reason instead of timing out."""
+        with self._cond:
+            self.failure = exc
+            self._cond.notify_all()
+
+    def _block(self, timeout: float) -> None:
+        """``_cond.wait`` (lock held), raising ``TransportError`` once the transport has failed."""
+        self._raise_if_failed()
+        self._cond.wait(timeout)
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self.failure is not None:
+            raise TransportError(f"peer {self.rank}'s transport failed: {self.failure!r}") from self.failure
+
     def _wait(self, missing: Callable[[], set[int]], timeout: float) -> set[int]:
         deadline = time.monotonic() + timeout
         with self._cond:
             while (left := missing()) and (remaining := deadline - time.monotonic()) > 0:
-                self._cond.wait(min(remaining, 0.5))
+                self._block(min(remaining, 0.5))
             return left
 
 
@@ -349,7 +366,7 @@ class MassMailbox(Mailbox):
                 open_deadlines = [deadlines[j] for j in late if deadlines[j] > now]
                 if not open_deadlines:
                     return late
-                self._cond.wait(min(open_deadlines) - now)
+                self._block(min(open_deadlines) - now)
 
     def wait_counts(self, expected: dict[int, int], idle_timeout: float) -> None:
         """Wait until ``expected[j]`` messages came from each j (see ``_wait_progress``)."""
@@ -370,7 +387,7 @@ class MassMailbox(Mailbox):
                 elif now - last_change >= idle_timeout:
                     raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {_ranks(left)} for "
                                       f"{idle_timeout:g} s while waiting for their last messages (--round-timeout)")
-                self._cond.wait(min(0.5, idle_timeout - (now - last_change)))
+                self._block(min(0.5, idle_timeout - (now - last_change)))
 
     def take_all(self) -> dict[int, Mass]:
         with self._cond:

@@ -81,11 +81,13 @@ class Transport:
     def __init__(self, rank: int, bind: str, endpoints: Sequence[str], handler: Handler, *,
                  queue_depth: int = 8, shutdown_timeout: float = 10.0, recv_queue: int = 256,
                  keys: CurveKeys | None = None, delays: Sequence[float] = (),
-                 on_link: Callable[[int, bool], None] | None = None, heartbeat_timeout: float = 3.0,
+                 on_link: Callable[[int, bool], None] | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None, heartbeat_timeout: float = 3.0,
                  ipc: bool = False, max_frame_bytes: int = MAX_CHUNK_BYTES, max_message_bytes: int = 0,
                  max_connections: int = 64) -> None:
         self.rank = rank
         self._on_link = on_link
+        self._on_failure = on_failure
         self._heartbeat_ms = int(heartbeat_timeout * 1000)
         self.keys = keys  # CurveZMQ on every socket when set (gossip/security.py)
         self._authenticator = None
@@ -109,7 +111,8 @@ class Transport:
         self._router: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._receiver: asyncio.Task[None] | None = None
-        self.failure: BaseException | None = None  # set when the receive task dies of a bug
+        self.failure: BaseException | None = None  # set when any task of ours dies of a bug
+        self._failed: asyncio.Future[None] | None = None  # done once ``failure`` is set (wakes waiting posts)
         self.bytes_sent = self.bytes_received = self.messages_sent = self.messages_received = 0
         self.replaced = 0
         self.dropped: Counter[str] = Counter()
@@ -148,6 +151,7 @@ class Transport:
         self._monitor = router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
         self._guards = [loop.create_task(self._watch_inbound(self._monitor)), loop.create_task(self._guard_forever())]
         self._receiver = loop.create_task(self._receive_forever(router))
+        self._failed = loop.create_future()
         for task in (self._receiver, *self._guards):
             task.add_done_callback(self._note_failure)
 
@@ -247,7 +251,13 @@ class Transport:
         queued = 0
         try:
             for dest in dests:
-                await self._outbox(dest).queue.put((time.monotonic() + self._delays[dest], frames, False, delivery))
+                put = asyncio.ensure_future(self._outbox(dest).queue.put(
+                    (time.monotonic() + self._delays[dest], frames, False, delivery)))
+                await asyncio.wait((put, self._failed), return_when=asyncio.FIRST_COMPLETED)
+                if not put.done():  # a task of ours died: its queue may never drain
+                    put.cancel()
+                    self.raise_if_failed()
+                put.result()
                 queued += 1
         finally:
             for _ in range(len(dests) - queued):  # not queued (a timeout): ZeroMQ never saw these frames
@@ -297,9 +307,11 @@ class Transport:
             outbox = _Outbox(dest, socket, asyncio.Queue(self._queue_depth))
             loop = asyncio.get_running_loop()
             outbox.task = loop.create_task(self._send_forever(outbox))
+            outbox.task.add_done_callback(self._note_failure)
             if self._on_link is not None:
                 outbox.monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
                 outbox.watcher = loop.create_task(self._watch_link(outbox))
+                outbox.watcher.add_done_callback(self._note_failure)
             self._outboxes[dest] = outbox
         return outbox
 
@@ -383,9 +395,16 @@ class Transport:
             self.guard.check()
 
     def _note_failure(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self.failure = task.exception()
-            log.error("peer %d: a transport task died: %r", self.rank, self.failure)
+        """Every task of ours is supervised: the first that dies of a bug fails the transport, wakes a post
+        waiting for room, and tells the owner (``on_failure``), whose waits then raise with the reason."""
+        if task.cancelled() or task.exception() is None or self.failure is not None:
+            return
+        self.failure = task.exception()
+        log.error("peer %d: a transport task died: %r", self.rank, self.failure)
+        if self._failed is not None and not self._failed.done():
+            self._failed.set_result(None)
+        if self._on_failure is not None:
+            self._on_failure(self.failure)
 
     def raise_if_failed(self) -> None:
         if self.failure is not None:

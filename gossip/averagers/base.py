@@ -35,15 +35,14 @@ import torch
 
 import topologies
 from gossip.config import GossipConfig
+from gossip.connect import build_transport
 from gossip.flat import FlatParams
 from gossip.mailbox import Mailbox
 from gossip.metrics import SpeedMeter
-from gossip.security import CurveKeys, load_keys
-from gossip.transport import Delivery, Transport
-from gossip.wire import DTYPES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, Header, Layout, encode, params_header
+from gossip.transport import Delivery
+from gossip.wire import Header, encode, params_header
 
 log = logging.getLogger("gossip.averager")
-RECV_QUEUE = 4  # complete messages libzmq may queue per incoming connection
 
 
 class Averager(ABC):
@@ -74,17 +73,7 @@ class Averager(ABC):
         if not config.parameter_server:  # (a server's version counts every worker's updates)
             self.mailbox.max_rounds, self.mailbox.max_steps = config.max_rounds, config.max_steps
             self.mailbox.max_weight = config.max_weight
-        ranks = config.world_size + (1 if config.parameter_server else 0)  # the server is the last rank
-        endpoints = [config.endpoint(r) for r in range(ranks)]
-        latency = [ms / 1000 for ms in config.link_latency_ms] or [0.0] * config.world_size
-        latency += [0.0] * (ranks - len(latency))  # the parameter server's access has no emulated latency
-        self.transport = Transport(self.rank, config.bind_endpoint(self.rank), endpoints, self.mailbox.deliver,
-                                   queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
-                                   keys=transport_keys(config, self.rank),
-                                   on_link=self.mailbox.link, heartbeat_timeout=config.peer_timeout,
-                                   ipc=config.ipc, **inbound_limits(self.flat.layout, ranks),
-                                   # one-way latency of a link = that of the sender's access plus the receiver's
-                                   delays=[latency[self.rank] + latency[dest] for dest in range(ranks)])
+        self.transport = build_transport(config, self.rank, self.flat.layout, self.mailbox)
         self._closed = False
 
     @abstractmethod
@@ -304,21 +293,6 @@ def max_rss_mb() -> float:
     """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
-
-
-def transport_keys(config: GossipConfig, rank: int) -> CurveKeys | None:
-    """This process's CurveZMQ keys when ``config.secure`` names a key directory."""
-    return load_keys(config.secure, rank, config.world_size, config.parameter_server) if config.secure else None
-
-
-def inbound_limits(layout: Layout, ranks: int) -> dict[str, int]:
-    """What the protocol allows a connection to send us (``Transport``'s limits): frames no larger than
-    our largest payload frame, messages no larger than our model, four complete messages queued per
-    connection, and a few connections per rank that may talk to us."""
-    largest = max((stop - start) * DTYPES[layout.dtypes[segment]].itemsize
-                  for segment, start, stop in layout.frame_plan(layout.chunk_bytes or MAX_CHUNK_BYTES))
-    return {"recv_queue": RECV_QUEUE, "max_frame_bytes": largest,
-            "max_message_bytes": layout.total_bytes + MAX_HEADER_BYTES, "max_connections": 2 * ranks + 16}
 
 
 class _Timer:

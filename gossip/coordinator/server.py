@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from gossip.averagers.base import inbound_limits, transport_keys
+from gossip import checkpoint
 from gossip.config import RunConfig
+from gossip.connect import build_transport
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.modes import SENDS_WEIGHTS, build_core, server_optimizer
-from gossip import checkpoint
 from gossip.device import cpu_state
 from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped, TransportError
 from gossip.flat import FlatParams
@@ -29,7 +29,6 @@ from gossip.health import model_problem
 from gossip.mailbox import QueueMailbox
 from gossip.metrics import EventLog
 from gossip.tasks import TaskContext, build_task
-from gossip.transport import Transport
 from gossip.wire import Header, Message, encode, params_header
 
 log = logging.getLogger("gossip.server")
@@ -55,11 +54,7 @@ class ParameterServer:
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
                                     contribution=contribution)
         self.mailbox.max_steps, self.mailbox.max_weight = self.config.max_steps, 1.0  # workers send weight 1
-        endpoints = [self.config.endpoint(r) for r in range(self.workers + 1)]
-        self.transport = Transport(self.rank, self.config.bind_endpoint(self.rank), endpoints, self.mailbox.deliver,
-                                   queue_depth=self.config.queue_depth, shutdown_timeout=self.config.shutdown_timeout,
-                                   keys=transport_keys(self.config, self.rank), ipc=self.config.ipc,
-                                   **inbound_limits(self.flat.layout, self.workers + 1))
+        self.transport = build_transport(self.config, self.rank, self.flat.layout, self.mailbox, server=True)
         self.joined: set[int] = set()
         self.finished: set[int] = set()  # said bye
         self.started = time.monotonic()

@@ -1,0 +1,46 @@
+"""Building a process's transport from the run's configuration: the one place that decides which
+endpoints, CurveZMQ keys, emulated latencies, liveness callbacks and inbound limits a gossip peer, a
+parameter-server worker or the parameter server itself gets (``Averager`` and ``ParameterServer`` call it).
+"""
+
+from __future__ import annotations
+
+from gossip.config import GossipConfig
+from gossip.mailbox import Mailbox
+from gossip.security import CurveKeys, load_keys
+from gossip.transport import Transport
+from gossip.wire import DTYPES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, Layout
+
+RECV_QUEUE = 4  # complete messages one connection may park in libzmq (the protocol needs at most 2)
+
+
+def build_transport(config: GossipConfig, rank: int, layout: Layout, mailbox: Mailbox, *,
+                    server: bool = False) -> Transport:
+    """The transport of ``rank``, delivering to ``mailbox`` and telling it of dead links and of a failed
+    task. The parameter server (``server``) watches no links and adds no emulated latency of its own."""
+    ranks = config.world_size + (1 if config.parameter_server else 0)  # the server is the last rank
+    endpoints = [config.endpoint(r) for r in range(ranks)]
+    latency = [ms / 1000 for ms in config.link_latency_ms] or [0.0] * config.world_size
+    latency += [0.0] * (ranks - len(latency))  # the parameter server's access has no emulated latency
+    # one-way latency of a link = that of the sender's access plus the receiver's
+    delays = [0.0] * ranks if server else [latency[rank] + latency[dest] for dest in range(ranks)]
+    return Transport(rank, config.bind_endpoint(rank), endpoints, mailbox.deliver,
+                     queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
+                     keys=transport_keys(config, rank), on_link=None if server else mailbox.link,
+                     on_failure=mailbox.fail, heartbeat_timeout=config.peer_timeout, ipc=config.ipc,
+                     delays=delays, **inbound_limits(layout, ranks))
+
+
+def transport_keys(config: GossipConfig, rank: int) -> CurveKeys | None:
+    """This process's CurveZMQ keys when ``config.secure`` names a key directory."""
+    return load_keys(config.secure, rank, config.world_size, config.parameter_server) if config.secure else None
+
+
+def inbound_limits(layout: Layout, ranks: int) -> dict[str, int]:
+    """What the protocol allows a connection to send us (``Transport``'s limits): frames no larger than
+    our largest payload frame, messages no larger than our model, four complete messages queued per
+    connection, and a few connections per rank that may talk to us."""
+    largest = max((stop - start) * DTYPES[layout.dtypes[segment]].itemsize
+                  for segment, start, stop in layout.frame_plan(layout.chunk_bytes or MAX_CHUNK_BYTES))
+    return {"recv_queue": RECV_QUEUE, "max_frame_bytes": largest,
+            "max_message_bytes": layout.total_bytes + MAX_HEADER_BYTES, "max_connections": 2 * ranks + 16}
