@@ -31,14 +31,15 @@ from __future__ import annotations
 from collections import Counter
 
 from gossip.aggregate import MIN_INPUTS, aggregate_into_
-from gossip.averagers.base import Averager, log
+from gossip.averagers.base import log
+from gossip.averagers.neighbours import GossipAverager
 from gossip.errors import PeerTimeout
 from gossip.mailbox import LatestMailbox
 from gossip.mixing import stale_weights
 from gossip.wire import Header, encode
 
 
-class AsyncGossip(Averager):
+class AsyncGossip(GossipAverager):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.staleness: Counter[int] = Counter()  # tau of every snapshot mixed

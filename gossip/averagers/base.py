@@ -1,4 +1,4 @@
-"""What every averager shares: counting steps, deciding when to mix, sockets, hellos and statistics.
+"""What every averager shares: counting steps, deciding when to mix, the transport and statistics.
 
 *When* to mix lives here; *how* to mix lives in each subclass's ``_gossip`` (the split of PyTorch's
 model-averaging package). ``step()`` is called by the training thread after each optimizer step, so
@@ -16,10 +16,8 @@ parameters only ever change between two steps, never inside a forward/backward p
 Every peer measures its own pace (``SpeedMeter``: seconds per step, samples per second, busy seconds per
 round), sends it in every message header, and notes what its neighbours report.
 
-Liveness (gossip modes): at every mixing point ``_prune_dead`` stops sending to neighbours the mailbox
-finds dead (connection down for ``peer_timeout``, or replaced by a new incarnation) and re-admits restarted
-ones with a "welcome" naming our round and step. A restarted peer (``start(resume=...)``) says hello to
-everyone it may exchange with and rejoins where their welcomes say the others are (``_rejoin``).
+What gossip adds (neighbours, hellos, liveness, rejoining) is ``GossipAverager`` in ``neighbours.py``; the
+parameter-server worker builds on ``Averager`` directly.
 """
 
 from __future__ import annotations
@@ -31,16 +29,11 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
-import torch
-
-import topologies
 from gossip.config import GossipConfig
 from gossip.connect import build_transport
 from gossip.flat import FlatParams
 from gossip.mailbox import Mailbox
 from gossip.metrics import SpeedMeter
-from gossip.transport import Delivery
-from gossip.wire import Header, encode, params_header
 
 log = logging.getLogger("gossip.averager")
 
@@ -50,10 +43,9 @@ class Averager(ABC):
 
     sends_gradients = False  # True for parameter-server workers that send gradients instead of stepping
 
-    def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None) -> None:
+    def __init__(self, flat: FlatParams, config: GossipConfig) -> None:
         self.flat = flat
         self.config = config
-        self.topology = topology
         self.rank = config.rank
         self.local_step = 0
         self.rounds = 0  # completed mixes
@@ -65,8 +57,6 @@ class Averager(ABC):
         self.wait_seconds = 0.0  # blocked on neighbours
         self._waited_at_tick = 0.0
         self.mix_seconds = 0.0
-        self.dead: set[int] = set()  # neighbours declared dead and not back (gossip modes)
-        self.deaths = self.readmitted = 0  # neighbours declared dead / re-admitted after a restart
         self.resumed_at: int | None = None  # the round we rejoined the others in, after --resume
         self.mailbox = self._make_mailbox()
         self.mailbox.peer_timeout = config.peer_timeout
@@ -86,8 +76,9 @@ class Averager(ABC):
     def _finish(self) -> None:
         """Complete whatever is in flight before the sockets close (sync: the last round)."""
 
-    def _hello_peers(self) -> tuple[int, ...]:
-        return self.topology.neighbors(self.rank, 0) if self.config.world_size > 1 else ()
+    @abstractmethod
+    def _greet(self) -> None:
+        """At the start: say hello to whoever we exchange with first, and wait for their answer."""
 
     def _due(self) -> bool:
         """Is this step a mixing point of the schedule? (When to mix, kept apart from how.)"""
@@ -127,70 +118,6 @@ class Averager(ABC):
     def _rejoin(self, found: bool, weight: float) -> None:
         """Come back after a restart; by default, as at the start."""
         self._greet()
-
-    def _rejoin_gossip(self, found: bool, blend: bool = False) -> dict[int, Header]:
-        """The gossip modes' rejoin: say hello to everyone we may exchange with, who re-admit us at their
-        next mixing point with a "welcome" naming their round and step, and wait (``round_timeout``) for
-        the welcome of each live neighbour; those that send none are declared dead. Without a checkpoint
-        (``found`` False) take the mean of the models they send next: a pull; with one and ``blend``, the
-        mean of ours and theirs. Returns the welcomes."""
-        peers = self._rejoin_peers()
-        self.mailbox.keep_first = not found or blend
-        self.mailbox.rejoining = True
-        self.transport.post(peers, encode(Header(kind="hello", sender=self.rank)), latest_only=False,
-                            timeout=self.config.send_timeout)
-        with self._timed_wait():
-            first = self.mailbox.wait_first(self._hello_peers(), self.config.round_timeout)
-        self.mailbox.rejoining = False
-        silent = set(self._hello_peers()) - first.keys()
-        if silent:
-            self.mailbox.declare_dead(silent)
-        self._prune_dead()
-        if first and (blend or not found):
-            self._pull(include_own=found)
-        self.mailbox.keep_first = False
-        log.info("peer %d rejoined: heard from peer(s) %s at rounds %s%s", self.rank,
-                 ", ".join(map(str, sorted(first))) or "none", sorted({h.round for h in first.values()}),
-                 "; took the mean of ours and theirs" if found and blend and first else
-                 "" if found else "; took their mean model (no checkpoint)")
-        return first
-
-    def _rejoin_peers(self) -> tuple[int, ...]:
-        if self.topology.time_varying:  # anyone may be our neighbour in some round
-            return tuple(r for r in range(self.config.world_size) if r != self.rank)
-        return self._hello_peers()
-
-    def _pull(self, include_own: bool) -> None:
-        """Replace our model by the mean of the models the neighbours sent first after welcoming us, with
-        ours counted as one more when ``include_own``: x <- x - (1 - own share) x + ..., one fused pass."""
-        models = self.mailbox.take_first_models()
-        if not models:
-            return
-        share = 1.0 / (len(models) + include_own)
-        terms = [(share * include_own - 1.0, list(self.flat.views()))] + [(share, c) for c in models.values()]
-        self.flat.combine_(terms, snapshot=False)
-
-    def _prune_dead(self) -> None:
-        """At a mixing point: stop sending to neighbours newly found dead; re-admit restarted ones."""
-        for peer in sorted(self.mailbox.take_restarted()):
-            self.dead.discard(peer)
-            self.readmitted += 1
-            welcome = Header(kind="welcome", sender=self.rank, round=self.rounds, step=self.local_step)
-            self.transport.post([peer], encode(welcome), latest_only=False, timeout=self.config.send_timeout)
-            log.warning("peer %d: peer %d started again; re-admitted at round %d", self.rank, peer, self.rounds)
-        for peer in sorted(self.mailbox.dead() - self.dead):
-            self.dead.add(peer)
-            self.deaths += 1
-            self.transport.forget(peer)
-            log.warning("peer %d: peer %d is dead (no connection for %g s, --peer-timeout); going on without it, "
-                        "its weights renormalised over the others", self.rank, peer, self.config.peer_timeout)
-
-    def _greet(self) -> None:
-        """Say hello to every first-round neighbour and wait for theirs."""
-        neighbours = self._hello_peers()
-        self.transport.post(neighbours, encode(Header(kind="hello", sender=self.rank)), latest_only=False,
-                            timeout=self.config.send_timeout)
-        self.mailbox.wait_hellos(neighbours, self.config.startup_timeout)
 
     def step(self, samples: int = 0) -> bool:
         """Call after every optimizer step; mixes at each mixing point of the schedule. True when it did."""
@@ -240,53 +167,17 @@ class Averager(ABC):
                 "speed": self.speed.samples_per_second, "step_seconds": self.speed.step_seconds,
                 "round_busy_seconds": self.speed.round_seconds, "wait_seconds": self.wait_seconds,
                 "mix_seconds": self.mix_seconds, "neighbour_speeds": self._neighbour_speeds(),
-                "dead_neighbours": sorted(self.dead), "deaths": self.deaths, "readmitted": self.readmitted,
                 **self.transport.statistics()}
 
     def _neighbour_speeds(self) -> dict[str, float]:
         """Samples per second each neighbour last reported."""
         return {str(j): header.speed for j, header in sorted(self.mailbox.reported.items())}
 
-    # -- shared helpers --------------------------------------------------------------------------------
-    def _send_snapshot(self, round: int, *, latest_only: bool, snapshot: list | None = None, weight: float = 1.0,
-                       track: bool = False) -> Delivery | None:
-        """Queue the weights ``snapshot`` (cut into frames and sent uncopied; None: a copy taken now) for this
-        round's out-neighbours, with push-sum mass ``weight``; with ``track``, return the transport's
-        ``Delivery`` of it."""
-        snapshot = snapshot if snapshot is not None else self.flat.snapshot()
-        frames = self._snapshot_frames(round, snapshot, weight)
-        track = track and self.rank not in self.config.byzantine  # (garbage is fresh tensors: nothing of ours held)
-        return self.transport.post(self._live_out_neighbours(round), frames, latest_only=latest_only,
-                                   timeout=self.config.send_timeout, track=track)
-
-    def _snapshot_frames(self, round: int, snapshot: list, weight: float) -> list:
-        """The frames of a "params" message carrying ``snapshot`` with push-sum mass ``weight``."""
-        header = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
-                               step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second,
-                               step_seconds=self.speed.step_seconds, weight=weight)
-        if self.rank in self.config.byzantine:  # fault injection: the wire gets garbage, our own model is kept
-            seed = (self.config.seed * 1_000_003 + self.rank) * 1_000_003 + round
-            return encode(header, byzantine_garbage(snapshot, self.config.byzantine_scale, seed))
-        return encode(header, snapshot)
-
-    def _live_out_neighbours(self, round: int) -> list[int]:
-        """Whom we send to in ``round``: its out-neighbours not declared dead."""
-        return [k for k in self.topology.out_neighbors(self.rank, round) if k not in self.dead]
-
     def _timed_mix(self) -> _Timer:
         return _Timer(self, "mix_seconds")
 
     def _timed_wait(self) -> _Timer:
         return _Timer(self, "wait_seconds")
-
-
-def byzantine_garbage(chunks: list[torch.Tensor], scale: float, seed: int) -> list[torch.Tensor]:
-    """Fault injection (``--byzantine``): chunks of values uniform in [-scale, scale], capped at a tenth of
-    the dtype's largest finite value, so that the message passes every check of the wire format (finite
-    values, right dtypes and layout) and only the receiver's aggregation can stop it."""
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.rand(c.shape, generator=generator, dtype=torch.float64).mul_(2).sub_(1)
-            .mul_(min(scale, torch.finfo(c.dtype).max / 10)).to(c.dtype) for c in chunks]
 
 
 def max_rss_mb() -> float:

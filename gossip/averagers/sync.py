@@ -60,17 +60,16 @@ import time
 import torch
 
 from gossip.aggregate import aggregate_into_
-from gossip.averagers.base import Averager
+from gossip.averagers.neighbours import GossipAverager
 from gossip.deadlines import ArrivalDeadlines
 from gossip.mailbox import MassMailbox, RoundMailbox
 from gossip.transport import Delivery
 from gossip.wire import encode, params_header
 
-
 SEND_GRACE = 1.0  # seconds --no-overlap waits for ZeroMQ to send our weights before it mixes into a copy
 
 
-class SyncGossip(Averager):
+class SyncGossip(GossipAverager):
     # (round, snapshot or None for the live weights, weight, kept share)
     _pending: tuple[int, list[torch.Tensor] | None, float, float] | None = None
     _delivery: Delivery | None = None  # --no-overlap: the uncopied send of the weights in flight

@@ -7,8 +7,8 @@ import logging
 
 from gossip.averagers.base import Averager
 from gossip.config import CoordinatorConfig, GossipConfig
-from gossip.errors import PeerTimeout
 from gossip.coordinator.modes import SENDS_WEIGHTS
+from gossip.errors import PeerTimeout
 from gossip.flat import FlatParams
 from gossip.mailbox import ReplyMailbox
 from gossip.wire import Header, Message, encode, params_header
@@ -27,7 +27,7 @@ class PSWorker(Averager):
         self.retries = coordinator.server_retries
         self.rejoins = 0
         self.version = 0  # the server version of the weights we hold
-        super().__init__(flat, config, topology=None)
+        super().__init__(flat, config)
 
     def _make_mailbox(self) -> ReplyMailbox:
         return ReplyMailbox(self.rank, self.config.world_size + 1, self.flat.layout, self.config.server_rank)
