@@ -10,14 +10,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from torch import nn
 
 import gossip
 import gossip.aggregate as agg
 from gossip.aggregate import aggregate, aggregate_into_, sorted_rows, trim_count
 from gossip.averagers.asynchronous import AsyncGossip
-from gossip.averagers.base import byzantine_garbage
+from gossip.averagers.neighbours import byzantine_garbage
 from gossip.config import GossipConfig
 from gossip.flat import FlatParams
 from gossip.wire import decode, encode, params_header
