@@ -51,6 +51,7 @@ from collections.abc import Sequence
 import torch
 
 from gossip.config import AGGREGATES
+
 BLOCK_BYTES = 256 << 10  # with a few inputs, a block's rows stay in cache through the sorting network
 NETWORK_MAX = 16
 MIN_INPUTS = 3  # of a robust rule: with one garbage input among 3, two honest ones remain to outvote it

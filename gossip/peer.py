@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gossip import checkpoint
 from gossip.api import attach
 from gossip.averagers import Averager
 from gossip.config import RunConfig
-from gossip import checkpoint
 from gossip.device import cpu_state, resolve_device
 from gossip.errors import CheckpointError, ConfigError, GossipError, Stopped
 from gossip.metrics import EventLog, finite_or_none

@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
+from gossip.averagers.mailboxes import MassMailbox
 from gossip.deadlines import MIN_OBSERVATIONS, ArrivalDeadlines
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.flat import FlatParams
-from gossip.mailbox import MassMailbox
 from gossip.wire import encode, params_header
 
 pytestmark = pytest.mark.timeout(30)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gossip.averagers.mailboxes import LatestMailbox, PushSumMailbox
+from gossip.coordinator.mailboxes import PER_WORKER, QueueMailbox
 from gossip.errors import ProtocolError
-from gossip.mailbox import CONFIRM_SECONDS, PER_WORKER, LatestMailbox, PushSumMailbox, QueueMailbox
+from gossip.mailbox import CONFIRM_SECONDS
 from gossip.wire import Header, Layout, encode, params_header
 
 CHUNK = 256

@@ -10,8 +10,8 @@ import threading
 import pytest
 import zmq.asyncio
 
+from gossip.averagers.mailboxes import PushSumMailbox
 from gossip.errors import PeerTimeout, TransportError
-from gossip.mailbox import PushSumMailbox
 from gossip.transport import Transport
 from gossip.wire import Layout
 from tests.conftest import free_base_port

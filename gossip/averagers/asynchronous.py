@@ -32,9 +32,9 @@ from collections import Counter
 
 from gossip.aggregate import MIN_INPUTS, aggregate_into_
 from gossip.averagers.base import log
+from gossip.averagers.mailboxes import LatestMailbox
 from gossip.averagers.neighbours import GossipAverager
 from gossip.errors import PeerTimeout
-from gossip.mailbox import LatestMailbox
 from gossip.mixing import stale_weights
 from gossip.wire import Header, encode
 

@@ -59,9 +59,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from gossip.averagers.mailboxes import PushSumMailbox
 from gossip.averagers.sync import SyncGossip
 from gossip.errors import PeerTimeout
-from gossip.mailbox import PushSumMailbox
 from gossip.wire import Header, encode
 
 FLOW_WINDOW = 1  # messages per link that may wait unanswered (see _answered)

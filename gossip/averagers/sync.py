@@ -60,9 +60,9 @@ import time
 import torch
 
 from gossip.aggregate import aggregate_into_
+from gossip.averagers.mailboxes import MassMailbox, RoundMailbox
 from gossip.averagers.neighbours import GossipAverager
 from gossip.deadlines import ArrivalDeadlines
-from gossip.mailbox import MassMailbox, RoundMailbox
 from gossip.transport import Delivery
 from gossip.wire import encode, params_header
 

@@ -21,12 +21,12 @@ from gossip import checkpoint
 from gossip.config import RunConfig
 from gossip.connect import build_transport
 from gossip.coordinator.core import Contribution, ServerCore
+from gossip.coordinator.mailboxes import QueueMailbox
 from gossip.coordinator.modes import SENDS_WEIGHTS, build_core, server_optimizer
 from gossip.device import cpu_state
 from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped, TransportError
 from gossip.flat import FlatParams
 from gossip.health import model_problem
-from gossip.mailbox import QueueMailbox
 from gossip.metrics import EventLog
 from gossip.tasks import TaskContext, build_task
 from gossip.wire import Header, Message, encode, params_header

@@ -7,10 +7,10 @@ import logging
 
 from gossip.averagers.base import Averager
 from gossip.config import CoordinatorConfig, GossipConfig
+from gossip.coordinator.mailboxes import ReplyMailbox
 from gossip.coordinator.modes import SENDS_WEIGHTS
 from gossip.errors import PeerTimeout
 from gossip.flat import FlatParams
-from gossip.mailbox import ReplyMailbox
 from gossip.wire import Header, Message, encode, params_header
 
 log = logging.getLogger("gossip.worker")
