@@ -13,8 +13,11 @@ anywhere, a counter missing or out of range), so a diverging model is never save
 ``restore`` takes the newest of the target and its ``.prev.pt`` that reads and passes the caller's
 check (``validate``/``fit_problem``: every expected key, counters of the right type and range, every
 tensor finite, the model's keys, shapes and dtypes, the optimizer's groups and state shapes), before
-anything is loaded into a model. A bad newest one beside a good previous one is renamed to ``<name>.bad.pt`` (kept to look at),
-so that the next ``write`` does not rotate it over the good one.
+anything is loaded into a model. A bad newest one beside a good previous one is renamed to
+``<name>.bad.pt`` (kept to look at), so that the next ``write`` does not rotate it over the good one.
+
+A little over 300 lines: what is refused before writing and what is refused after reading are one
+contract, kept in one file so that the two cannot drift apart.
 """
 
 from __future__ import annotations
