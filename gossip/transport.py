@@ -324,7 +324,7 @@ class Transport:
             due, frames, _, delivery = await outbox.queue.get()
             tracker = None
             try:
-                if (hold := due - time.monotonic()) > 0:
+                while (hold := due - time.monotonic()) > 0:  # (uvloop's timers may fire up to 1 ms early)
                     await asyncio.sleep(hold)
                 tracker = await outbox.socket.send_multipart(frames, copy=False, track=delivery is not None)
                 self.messages_sent += 1

@@ -1,4 +1,6 @@
-"""Shared fixtures: free loopback ports, and running the launcher as users do, bounded in time.
+"""Shared fixtures and helpers: free loopback ports, the launcher's command line and running it as users
+do, bounded in time; polling for a condition (``wait_until``); and in-process peers on loopback
+(``endpoints``, ``vector_model``, ``run_peers``, one thread per peer).
 
 Every multi-process test goes through ``launch_run``: the launcher runs as a real subprocess under a
 timeout; its peers receive SIGTERM if it dies (PR_SET_PDEATHSIG), and afterwards any peer PID listed in
@@ -18,11 +20,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,6 +50,65 @@ def free_base_port(count: int) -> int:
         if ports_free(base, count):
             return base
     raise RuntimeError("no free port range found")
+
+
+def endpoints(count: int) -> list[str]:
+    base = free_base_port(count)
+    return [f"tcp://127.0.0.1:{base + r}" for r in range(count)]
+
+
+def vector_model(values: torch.Tensor) -> torch.nn.Module:
+    model = torch.nn.Module()
+    model.value = torch.nn.Parameter(values.clone(), requires_grad=False)
+    return model
+
+
+def run_peers(count: int, target) -> list:
+    """Run ``target(rank)`` in one thread per peer; returns the results, re-raising the first error."""
+    results: list = [None] * count
+    errors: list = []
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = target(rank)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(45)
+    assert not any(t.is_alive() for t in threads), "a peer thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str | Callable[[], str]) -> None:
+    """Poll ``condition()`` (every 10 ms at first, backing off to 50 ms) until it is true; fail the test
+    naming ``what`` (a string, or a function that describes the state at that moment) once ``timeout``
+    seconds have passed. An exception from ``condition`` propagates: a condition may assert that what it
+    waits for can still happen (a process it waits on is alive) to fail at once instead of at the timeout."""
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while not condition():
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+
+
+def launcher_command(out: Path, nodes: int, *args: str, base_port: int | None = None, progress: str = "off",
+                     plot: bool | None = False) -> list[str]:
+    """``python -m launch --nodes NODES --out OUT --base-port ... --progress PROGRESS --no-plot ARGS``: the
+    launcher's command line for a run of ``nodes`` local peers (``launch_run`` and the tests that start it
+    themselves). ``base_port`` defaults to a free range for the
+    peers and a server; ``plot`` None passes neither --plot nor --no-plot (the launcher's default)."""
+    base = free_base_port(nodes + 1) if base_port is None else base_port
+    plotting = [] if plot is None else ["--plot" if plot else "--no-plot"]
+    return [sys.executable, "-m", "launch", "--nodes", str(nodes), "--out", str(out), "--base-port", str(base),
+            "--progress", progress, *plotting, *args]
 
 
 @dataclass
@@ -99,8 +163,7 @@ def launch_run(tmp_path):
     def run(*args: str, nodes: int = 4, timeout: float = 150, expect_ok: bool = True, name: str = "run",
             plot: bool = False) -> Run:
         out = tmp_path / name
-        command = [sys.executable, "-m", "launch", "--nodes", str(nodes), "--out", str(out), "--progress", "plain",
-                   "--base-port", str(free_base_port(nodes + 1)), "--plot" if plot else "--no-plot", *args]
+        command = launcher_command(out, nodes, *args, progress="plain", plot=plot)
         outs.append((out, False))
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         outs[-1] = (out, True)

@@ -20,7 +20,7 @@ from gossip.averagers.neighbours import byzantine_garbage
 from gossip.config import GossipConfig
 from gossip.flat import FlatParams
 from gossip.wire import decode, encode, params_header
-from tests.test_transport import endpoints, run_peers, vector_model
+from tests.conftest import endpoints, run_peers, vector_model
 
 ROBUST = ("median", "trimmed-mean")
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)

@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import ROOT, free_base_port, reap_peers
+from tests.conftest import ROOT, free_base_port, launcher_command, reap_peers, wait_until
 from tests.hostile import Stranger, forged, victim_layout
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 NODES = 4
-RUN = ["--nodes", str(NODES), "--steps", "250", "--compute-ms", "20", "--progress", "off", "--no-plot"]
+RUN = ["--steps", "250", "--compute-ms", "20"]
 
 
-def _start(out: Path, *extra: str, run: list[str] = RUN) -> tuple[subprocess.Popen, int]:
-    base = free_base_port(NODES + 1)
-    command = [sys.executable, "-m", "launch", *run, "--out", str(out), "--base-port", str(base), *extra]
+def _start(out: Path, *extra: str, run: list[str] = RUN, nodes: int = NODES) -> tuple[subprocess.Popen, int]:
+    base = free_base_port(nodes + 1)
+    command = launcher_command(out, nodes, *run, *extra, base_port=base)
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), base
 
 
@@ -43,15 +41,15 @@ def _finish(launcher: subprocess.Popen, out: Path) -> tuple[int, str]:
 
 def _wait_for_round(out: Path, round: int, timeout: float = 60, log: str = "peer-0.jsonl",
                     field: str = "round") -> None:
-    deadline, mark = time.monotonic() + timeout, f'"{field}": {round}'
-    while time.monotonic() < deadline:
+    mark = f'"{field}": {round}'
+
+    def reached() -> bool:
         try:
-            if mark in (out / log).read_text():
-                return
+            return mark in (out / log).read_text()
         except OSError:
-            pass
-        time.sleep(0.05)
-    pytest.fail(f"{log} never reached {field} {round}")
+            return False
+
+    wait_until(reached, timeout, f"{log} to reach {field} {round}")
 
 
 def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
@@ -102,9 +100,8 @@ def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
 
 def test_a_forged_bye_does_not_end_a_parameter_server_run(tmp_path):
     out, workers, steps = tmp_path / "ps", 3, 100
-    run = ["--nodes", str(workers), "--steps", str(steps), "--mode", "ps-async", "--compute-ms", "20",
-           "--progress", "off", "--no-plot"]
-    launcher, base = _start(out, run=run)
+    run = ["--steps", str(steps), "--mode", "ps-async", "--compute-ms", "20"]
+    launcher, base = _start(out, run=run, nodes=workers)
     layout = victim_layout(world_size=workers)
     stranger = Stranger(f"tcp://127.0.0.1:{base + workers}")  # the server listens after the workers
     try:
@@ -124,8 +121,7 @@ def test_a_stranger_cannot_end_or_skew_an_asynchronous_push_sum_run(tmp_path):
     """Push-sum keeps the network's mean exactly, so any mass a forged message added, or a forged bye made a
     peer refuse, would show in the final drift of the mean on the consensus task."""
     out = tmp_path / "async"
-    run = ["--nodes", str(NODES), "--steps", "200", "--mode", "gossip-async", "--task", "consensus",
-           "--compute-ms", "20", "--progress", "off", "--no-plot"]
+    run = ["--steps", "200", "--mode", "gossip-async", "--task", "consensus", "--compute-ms", "20"]
     launcher, base = _start(out, run=run)
     layout = victim_layout(task="consensus", world_size=NODES)
     stranger = Stranger(f"tcp://127.0.0.1:{base}")

@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,7 +29,7 @@ from gossip.errors import ConfigError, PeerTimeout
 from gossip.exchange import Assignment, StoreRendezvous, Tags, announce_address, check_run_name, shown
 from gossip.rendezvous import Plan
 from gossip.security import CurveKeys, generate_keys, load_keys, shared_secret
-from tests.conftest import free_base_port
+from tests.conftest import free_base_port, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 RUN = {"task": "digits", "steps": 300}
@@ -103,10 +102,14 @@ def meet_all(plans: list[Plan], **kwargs) -> list:
 
 
 def wait_for(store: TCPStore, key: str, future=None) -> None:
-    deadline = time.monotonic() + 10
-    while not store.check([key]):
-        assert time.monotonic() < deadline and (future is None or not future.done()), future and future.exception()
-        time.sleep(0.01)
+    """Wait for ``key`` in the store; fail at once, with its error, if ``future`` ends before it is there."""
+    def stored() -> bool:
+        if store.check([key]):
+            return True
+        assert future is None or not future.done(), future.exception()
+        return False
+
+    wait_until(stored, 10, f"{key} in the store")
 
 
 def test_joiners_get_distinct_ranks_and_everyone_reads_the_same_endpoints():

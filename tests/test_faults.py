@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.conftest import ROOT, free_base_port, reap_peers
+from tests.conftest import ROOT, launcher_command, reap_peers, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -24,16 +23,8 @@ def events(path) -> list[dict]:
 
 
 def start(out, nodes: int, *args: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "launch", "--nodes", str(nodes), "--out", str(out), "--progress", "off",
-               "--no-plot", "--base-port", str(free_base_port(nodes + 1)), *args]
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(condition, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.1)
+    return subprocess.Popen(launcher_command(out, nodes, *args), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def run_to_end(launcher: subprocess.Popen, out, action=lambda: None, timeout: float = 240) -> tuple[str, str]:
@@ -54,7 +45,8 @@ def test_a_killed_parameter_server_resumes_from_its_checkpoint(tmp_path):
 
     def fault() -> None:
         # version 101's event is written only after version 100's checkpoint (the server works in order)
-        wait_for(lambda: any(e["event"] == "update" and e["version"] >= 101 for e in events(out / "server.jsonl")))
+        wait_until(lambda: any(e["event"] == "update" and e["version"] >= 101 for e in events(out / "server.jsonl")),
+                   90, "the server's update to version 101")
         os.kill(json.loads((out / "peers.json").read_text())[-1]["pid"], signal.SIGKILL)
 
     stdout, stderr = run_to_end(launcher, out, fault)
@@ -105,7 +97,8 @@ def end_events(out, ranks) -> dict[int, dict]:
 
 def kill_peer_after(out, rank: int, steps: int) -> None:
     """SIGKILL peer ``rank`` once it has logged ``steps`` steps."""
-    wait_for(lambda: sum(e["event"] == "step" for e in events(out / f"peer-{rank}.jsonl")) >= steps)
+    wait_until(lambda: sum(e["event"] == "step" for e in events(out / f"peer-{rank}.jsonl")) >= steps, 90,
+               f"peer {rank}'s step {steps}")
     os.kill(json.loads((out / "peers.json").read_text())[rank]["pid"], signal.SIGKILL)
 
 
@@ -146,7 +139,7 @@ def test_a_dead_peer_is_declared_dead_the_others_go_on_and_it_rejoins_later_by_h
     again = None
     try:
         kill_peer_after(out, 3, 100)
-        wait_for(lambda: "peer 3 is dead" in (out / "peer-2.log").read_text(), timeout=60)
+        wait_until(lambda: "peer 3 is dead" in (out / "peer-2.log").read_text(), 60, "peer 2 to declare peer 3 dead")
         survivors = [e for e in events(out / "peer-2.jsonl") if e["event"] == "step"]
         again = subprocess.Popen([sys.executable, "-m", "gossip.peer", str(out / "config.json"), "--rank", "3",
                                   "--resume"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

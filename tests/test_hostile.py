@@ -4,27 +4,22 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 
 import pytest
 
-from tests.conftest import ROOT, free_base_port, reap_peers
+from tests.conftest import ROOT, free_base_port, launcher_command, reap_peers, wait_until
 from tests.hostile import attack, victim_layout
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_a_peer_under_fire_keeps_training_and_counts_every_drop(tmp_path):
-    out, nodes = tmp_path / "run", 4
+    out, nodes, steps = tmp_path / "run", 4, 400
     base = free_base_port(nodes)
-    command = [sys.executable, "-m", "launch", "--nodes", str(nodes), "--steps", "400", "--compute-ms", "15",
-               "--out", str(out), "--base-port", str(base), "--progress", "off", "--no-plot"]
+    command = launcher_command(out, nodes, "--steps", str(steps), "--compute-ms", "15", base_port=base)
     launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and '"round": 5' not in _read(out / "peer-0.jsonl"):
-            time.sleep(0.1)
+        wait_until(lambda: '"round": 5' in _read(out / "peer-0.jsonl"), 90, "peer 0 to reach round 5")
         sent = attack(f"tcp://127.0.0.1:{base}", victim_layout(world_size=nodes), nodes, count=11_000)
         stdout, stderr = launcher.communicate(timeout=240)
     finally:
@@ -34,12 +29,22 @@ def test_a_peer_under_fire_keeps_training_and_counts_every_drop(tmp_path):
     assert launcher.returncode == 0, stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     victim, bystander = summary["peers"][0], summary["peers"][1]
+    ends = [json.loads(_read(out / f"peer-{rank}.jsonl").splitlines()[-1]) for rank in range(nodes)]
     dropped = victim["dropped"]
-    assert sum(sent.values()) == 11_000
-    assert sum(dropped.values()) >= 11_000, (dropped, dict(sent))
+    # every hostile message was dropped under the reason its kind names, and nothing else was: no honest
+    # message, no connection cut (random bytes could decode as a map with bad fields: "field")
+    assert set(dropped) <= set(sent) | {"field"}, (dropped, dict(sent))
+    assert sum(dropped.values()) == 11_000, (dropped, dict(sent))
+    assert dropped.get("header", 0) + dropped.get("field", 0) == sent["header"], (dropped, dict(sent))
     for reason, count in sent.items():
-        if reason != "header":  # random bytes may fail as a bad field instead of a bad header
-            assert dropped.get(reason, 0) >= count, (reason, dropped, dict(sent))
+        if reason != "header":
+            assert dropped.get(reason, 0) == count, (reason, dropped, dict(sent))
+    # each peer hears a hello and one message per round from each of its two ring neighbours, and sends as
+    # many: the victim took in the 11,000 besides, and lost or repeated none of its neighbours' messages
+    honest = 2 * (1 + steps)
+    assert all(e["event"] == "end" and e["rounds"] == steps for e in ends), ends
+    assert [e["messages_sent"] for e in ends] == [honest] * nodes
+    assert [e["messages_received"] for e in ends] == [11_000 + honest] + [honest] * (nodes - 1)
     assert victim["test_accuracy"] >= 0.90 and summary["final_model"]["accuracy"] >= 0.90
     assert victim["max_rss_mb"] < 1.5 * bystander["max_rss_mb"]  # the flood did not pile up in memory
     assert bystander["dropped"] == {}

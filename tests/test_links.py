@@ -14,7 +14,7 @@ import pytest
 from gossip.errors import ConfigError
 from gossip.transport import Transport
 from launch import links
-from tests.test_transport import endpoints
+from tests.conftest import endpoints, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 LINK_TOOLS = os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")
@@ -31,8 +31,7 @@ def test_emulated_latency_holds_every_message_and_keeps_them_pipelined():
         posted = time.monotonic()
         for index in range(3):
             sender.post([0], [str(index).encode()], latest_only=False, timeout=5)
-        while len(arrivals) < 3 and time.monotonic() < posted + 10:
-            time.sleep(0.01)
+        wait_until(lambda: len(arrivals) >= 3, 10, "the 3 messages at the receiver")
         assert len(arrivals) == 3 and min(arrivals) >= posted + 0.3
         assert max(arrivals) - min(arrivals) < 0.3  # held together, not one delay after another
     finally:

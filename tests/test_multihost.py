@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests import netns
-from tests.conftest import ROOT, free_base_port
+from tests.conftest import ROOT, free_base_port, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -58,14 +58,16 @@ def peers(tmp_path):
 
 
 def wait_for_line(peers: Peers, index: int, prefix: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lines = [line.strip() for line in peers.output(index).splitlines() if line.strip().startswith(prefix)]
-        if lines:
-            return lines[0]
-        assert peers.procs[index][0].poll() is None, peers.output(index)
-        time.sleep(0.1)
-    raise AssertionError(f"no line starting {prefix!r}: {peers.output(index)}")
+    lines: list[str] = []
+
+    def printed() -> bool:
+        exited = peers.procs[index][0].poll() is not None  # (before reading: what it printed before exiting counts)
+        lines[:] = [line.strip() for line in peers.output(index).splitlines() if line.strip().startswith(prefix)]
+        assert lines or not exited, peers.output(index)
+        return bool(lines)
+
+    wait_until(printed, timeout, lambda: f"a line starting {prefix!r}: {peers.output(index)}")
+    return lines[0]
 
 
 def events(out: Path, rank: int) -> list[dict]:

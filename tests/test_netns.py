@@ -10,12 +10,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests import netns
-from tests.conftest import ROOT, alive, free_base_port
+from tests.conftest import ROOT, alive, free_base_port, wait_until
 
 REASON = netns.unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=str(REASON)), pytest.mark.timeout(240)]
@@ -93,16 +92,16 @@ def test_ctrl_c_stops_peers_on_other_hosts(hosts, tmp_path):
                                  "--base-port", str(free_base_port(2))],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = []
+
+    def training() -> bool:
+        pids[:] = training_pids(out, 2)  # (those started so far are killed below if the wait fails)
+        return len(pids) == 2
+
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(pids := training_pids(out, 2)) < 2:
-            time.sleep(0.2)
-        assert len(pids) == 2, "peers never started training"
+        wait_until(training, 120, "both peers to start training")
         launcher.send_signal(signal.SIGINT)
         _, stderr = launcher.communicate(timeout=60)
-        deadline = time.monotonic() + 20
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: not any(alive(pid) for pid in pids), 20, "the peers to stop after Ctrl-C")
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gossip.tasks import TaskContext, build_task
 from gossip.tasks.digits import load_split, make_model
 from tests.tasks import ordered_batch_indices
 
@@ -102,7 +103,13 @@ def test_async_modes_log_the_staleness_of_every_gradient(launch_run):
     assert sum(server["staleness"].values()) == 4 * 50 == server["updates"]
     assert max(int(tau) for tau in server["staleness"]) >= 1  # asynchrony made some gradients stale
     assert all(len(u["staleness"]) == len(u["workers"]) for u in server_events(run, "update"))
-    assert run.summary["final_model"]["accuracy"] > 0.5
+    # it trains: every evaluation is below the untrained model's test loss (2.31), the last (the run's
+    # product) below half of it; accuracy (0.81-0.87 in trials) wobbles too much for a band
+    evals = server_events(run, "eval")
+    assert [e["version"] for e in evals] == list(range(25, 201, 25))  # every 25 versions (--eval-every)
+    untrained = build_task("digits", TaskContext(0, 4, 0)).evaluate()["loss"]
+    assert all(e["loss"] < untrained for e in evals), (untrained, evals)
+    assert evals[-1]["loss"] == run.summary["final_model"]["loss"] < untrained / 2, (untrained, evals)
     peers = json.loads((run.out / "peers.json").read_text())
     assert [p["role"] for p in peers] == ["worker"] * 4 + ["server"]
 

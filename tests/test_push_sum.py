@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gossip
-from tests.test_transport import endpoints, run_peers, vector_model
+from tests.conftest import endpoints, run_peers, vector_model
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,8 +20,7 @@ from gossip.errors import ConfigError, PeerTimeout
 from gossip.security import generate_keys, load_keys
 from gossip.transport import Transport
 from gossip.wire import encode, params_header
-from tests.conftest import ROOT, free_base_port
-from tests.test_transport import run_peers, vector_model
+from tests.conftest import ROOT, free_base_port, run_peers, vector_model, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -202,9 +201,8 @@ def test_a_valid_key_cannot_pose_as_another_rank(keydir):
         averager = gossip.attach(model, rank=0, world_size=3, endpoints=eps, topology="ring", secure=str(keydir))
         for message in rogue_messages(1, averager.flat.layout)[:5]:
             liar.send_multipart(message)
-        deadline = time.monotonic() + 10
-        while averager.statistics()["dropped"].get("sender-mismatch", 0) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: averager.statistics()["dropped"].get("sender-mismatch", 0) >= 5, 10,
+                   "5 sender-mismatch drops")
         assert averager.statistics()["dropped"].get("sender-mismatch") == 5
         ready.set()
         averager.step()

@@ -9,12 +9,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_base_port
+from tests.conftest import ROOT, free_base_port, wait_until
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"  # the one of this environment's torch
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180),
@@ -70,19 +69,25 @@ def test_with_max_restarts_0_the_other_agents_peers_finish_without_a_lost_one(tm
     out, base, rdzv = tmp_path / "run", free_base_port(3), free_base_port(1)
     peer_args = ["--task", "tests.tasks:dies", "--steps", "60", "--round-timeout", "2", "--peer-timeout", "1",
                  "--base-port", str(base), "--out", str(out)]
+
+    def serving() -> bool:
+        if port_open(rdzv):
+            return True
+        assert agents[0].poll() is None, "the first agent exited before serving its store"
+        return False
+
+    def two_ended() -> bool:
+        if sum(last_event(out, r).get("event") == "end" for r in range(3)) >= 2:
+            return True
+        assert agents[0].poll() is None, agents[0].communicate()[0]
+        return False
+
     agents = [torchrun(rdzv, 2, peer_args)]
     try:
-        deadline = time.monotonic() + 60
-        while not port_open(rdzv):  # the first agent serves the store before the second one starts
-            assert time.monotonic() < deadline and agents[0].poll() is None, "the first agent never served its store"
-            time.sleep(0.1)
+        wait_until(serving, 60, "the first agent to serve its store")  # before the second one starts
         agents.append(torchrun(rdzv, 1, peer_args, env={"GOSSIP_TEST_DIE": "1"}))
         failed = agents[1].communicate(timeout=150)[0]
-        deadline = time.monotonic() + 60
-        while sum(last_event(out, r).get("event") == "end" for r in range(3)) < 2:
-            assert time.monotonic() < deadline, [last_event(out, r) for r in range(3)]
-            assert agents[0].poll() is None, agents[0].communicate()[0]
-            time.sleep(0.2)
+        wait_until(two_ended, 60, lambda: f"two peers to end: {[last_event(out, r) for r in range(3)]}")
     finally:
         stop(agents)
     assert agents[1].returncode != 0 and "exitcode  : 3" in failed, failed

@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from launch.summary import average_state_dicts
-from tests.conftest import ROOT, alive, free_base_port, peer_pids, reap_peers
+from tests.conftest import ROOT, alive, free_base_port, launcher_command, peer_pids, reap_peers, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,7 +36,10 @@ def test_sync_ring_digits_trains_every_peer(launch_run):
     final = torch.load(run.out / "model-final.pt", weights_only=True)
     for name, tensor in final.items():
         torch.testing.assert_close(tensor, sum(s[name] for s in states) / 4, rtol=0, atol=1e-6)
-    assert average_state_dicts(states).keys() == final.keys()
+    product = average_state_dicts(states, [1.0 if p["weight"] is None else p["weight"] for p in summary["peers"]])
+    assert product.keys() == final.keys()
+    for name, tensor in final.items():  # model-final.pt is the launcher's average of these states, bit for bit
+        assert torch.equal(tensor, product[name]), name
 
     ends = [next(e for e in run.events(r) if e["event"] == "end") for r in range(4)]
     # neighbours on loopback: the same-host Unix socket, not TCP
@@ -97,15 +99,11 @@ def test_a_failing_peer_is_named_and_the_run_fails(launch_run):
                                                ("fork", "gossip-async"), ("fork", "ps-sync"), ("fork", "ps-async")])
 def test_ctrl_c_stops_every_process_cleanly(tmp_path, start_method, mode):
     out = tmp_path / "interrupted"
-    command = [sys.executable, "-m", "launch", "--nodes", "3", "--out", str(out), "--progress", "plain",
-               "--start-method", start_method, "--mode", mode,
-               "--base-port", str(free_base_port(4)), "--task", "tests.tasks:slow_digits", "--steps", "100000"]
+    command = launcher_command(out, 3, "--start-method", start_method, "--mode", mode, "--task",
+                               "tests.tasks:slow_digits", "--steps", "100000", progress="plain", plot=None)
     launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not _all_training(out, 3):
-            time.sleep(0.2)
-        assert _all_training(out, 3), "peers never started training"
+        wait_until(lambda: _all_training(out, 3), 90, "every peer to start training")
         pids = peer_pids(out)
         launcher.send_signal(signal.SIGINT)
         stdout, stderr = launcher.communicate(timeout=60)

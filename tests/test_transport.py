@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -19,42 +18,9 @@ from gossip.config import GossipConfig
 from gossip.flat import FlatParams
 from gossip.transport import Transport
 from gossip.wire import Header, decode, encode, params_header
-from tests.conftest import free_base_port
+from tests.conftest import endpoints, run_peers, vector_model, wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def endpoints(count: int) -> list[str]:
-    base = free_base_port(count)
-    return [f"tcp://127.0.0.1:{base + r}" for r in range(count)]
-
-
-def vector_model(values: torch.Tensor) -> torch.nn.Module:
-    model = torch.nn.Module()
-    model.value = torch.nn.Parameter(values.clone(), requires_grad=False)
-    return model
-
-
-def run_peers(count: int, target) -> list:
-    """Run ``target(rank)`` in one thread per peer; returns the results, re-raising the first error."""
-    results: list = [None] * count
-    errors: list = []
-
-    def body(rank: int) -> None:
-        try:
-            results[rank] = target(rank)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(45)
-    assert not any(t.is_alive() for t in threads), "a peer thread hung"
-    if errors:
-        raise errors[0]
-    return results
 
 
 def test_messages_arrive_and_garbage_is_dropped_and_counted():
@@ -66,10 +32,8 @@ def test_messages_arrive_and_garbage_is_dropped_and_counted():
     sender.start()
     try:
         sender.post([0], [b"one", b"two"], latest_only=False, timeout=5)
-        deadline = time.monotonic() + 5
-        while not received and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert received and received[0][0] is None and [f.bytes for f in received[0][1]] == [b"one", b"two"]
+        wait_until(lambda: received, 5, "the message at the receiver")
+        assert received[0][0] is None and [f.bytes for f in received[0][1]] == [b"one", b"two"]
         assert sender.statistics()["messages_sent"] == 1
     finally:
         sender.close()
@@ -97,9 +61,7 @@ def test_loopback_neighbours_are_reached_over_the_unix_socket_unless_ipc_is_off(
         event = recv_monitor_message(monitor)["event"]
         assert event == (zmq.EVENT_CONNECTED if ipc else zmq.EVENT_CONNECT_RETRIED)
         bare.send(b"bare")
-        deadline = time.monotonic() + 5
-        while len(received) < (2 if ipc else 1) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(received) >= (2 if ipc else 1), 5, "the messages at the receiver")
         bare.disable_monitor()
         monitor.close(linger=0)
         assert sorted(f.bytes for frames in received for f in frames) == ([b"bare", b"hello"] if ipc else [b"hello"])
@@ -124,9 +86,7 @@ def test_handler_rejections_are_dropped_not_raised():
     try:
         for _ in range(50):
             stranger.send_multipart([b"\xc1garbage", b"x" * 10])
-        deadline = time.monotonic() + 5
-        while receiver.statistics()["dropped"].get("header", 0) < 50 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: receiver.statistics()["dropped"].get("header", 0) >= 50, 5, "50 header drops")
         assert receiver.statistics()["dropped"] == {"header": 50}
         receiver.raise_if_failed()  # the receive loop survived
     finally:
@@ -299,12 +259,6 @@ def test_async_gossip_never_waits_for_a_neighbour_that_left(leaves):
     averagers: dict = {}
     left = threading.Event()
 
-    def wait_until(condition) -> None:
-        deadline = time.monotonic() + 20
-        while not condition() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert condition()
-
     def peer(rank: int):
         averagers[rank] = averager = gossip.attach(models[rank], rank=rank, **options)
         steps = 1 if rank == 1 else 50
@@ -312,9 +266,11 @@ def test_async_gossip_never_waits_for_a_neighbour_that_left(leaves):
             averager.step()
             if rank == 0 and averager.local_step == 1:
                 assert left.wait(20)  # peer 1 has left, and a finished peer's bye is in
-                wait_until(lambda: leaves == "dies" or averager.mailbox.latest()[1].final_step is not None)
+                wait_until(lambda: leaves == "dies" or averager.mailbox.latest()[1].final_step is not None, 20,
+                           "peer 1's bye with its final step")
         if rank == 1 and leaves == "dies":  # once its snapshot is in, it closes as a crash would: no bye
-            wait_until(lambda: 0 in averagers and 1 in averagers[0].mailbox.reported)
+            wait_until(lambda: 0 in averagers and 1 in averagers[0].mailbox.reported, 20,
+                       "peer 1's snapshot at peer 0")
         averager.close(finish=rank == 0 or leaves == "finishes")
         if rank == 1:
             left.set()
