@@ -67,7 +67,7 @@ def _pyzmq_ring(rank: int, port: int, ipc: bool = False):
     loopback, or with ``ipc`` over the Unix sockets the transport uses for same-host peers."""
     import zmq
 
-    from gossip.address import ipc_endpoint
+    from gossip.net.address import ipc_endpoint
 
     def address(peer: int) -> str:
         endpoint = f"tcp://127.0.0.1:{port + peer}"
@@ -114,7 +114,7 @@ def run_pyzmq(rank: int, numel: int, rounds: int, warmup: int, port: int) -> flo
 
 def run_pyzmq_frames(rank: int, numel: int, rounds: int, warmup: int, port: int, ipc: bool = False) -> float:
     """The cheapest round we know with pyzmq: the live buffer sent uncopied in 8 MiB frames (tracked, so it
-    is not changed while ZeroMQ reads it), every received frame checked by a sum as ``gossip.wire`` does,
+    is not changed while ZeroMQ reads it), every received frame checked by a sum as ``gossip.net.wire`` does,
     then a cache-blocked mix of three arrays. No threads, headers or mailbox: a floor for --no-overlap."""
     import math
 
@@ -237,7 +237,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "exchange.json")
     args = parser.parse_args()
     if "gossip-secure" in args.variants:
-        from gossip.security import generate_keys
+        from gossip.net.security import generate_keys
 
         generate_keys(KEYDIR, WORLD)
     rows = []

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from straggler import mean_accuracy_curve  # noqa: E402 - (bench/, the script's directory)
+
 from tests import netns  # noqa: E402 - the namespaces the tests make
 from tests.conftest import free_base_port  # noqa: E402
 

@@ -138,7 +138,7 @@ def main() -> None:
     (args.out / f"ps_modes_{args.task}.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out)},
                                                                       "machine": machine, "results": results}))
     seeds = len(args.seeds.split(","))
-    print(f"\n| N | mode | mean staleness | final test error | test error, last quarter | final test loss |")
+    print("\n| N | mode | mean staleness | final test error | test error, last quarter | final test loss |")
     print("| --- | --- | --- | --- | --- | --- |")
     for workers, by_variant in results.items():
         for variant, rows in by_variant.items():

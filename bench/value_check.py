@@ -1,6 +1,6 @@
 """What it costs to check every received value for NaN/Inf, per 100 MiB of float32, in one thread.
 
-``gossip.wire.decode`` sums each frame (a read-only pass; NaN or Inf makes the sum non-finite) and only
+``gossip.net.wire.decode`` sums each frame (a read-only pass; NaN or Inf makes the sum non-finite) and only
 falls back to ``torch.isfinite`` when the sum itself is not finite. This times both over 8 MiB frames that
 are not in cache (four 100 MiB buffers cycled), the way received frames arrive.
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import topologies
-from gossip.address import bindable, check_host, parse_hosts, split_endpoint
 from gossip.errors import ConfigError
+from gossip.net.address import bindable, check_host, parse_hosts, split_endpoint
 
 GOSSIP_MODES = ("gossip-sync", "gossip-async")
 PS_MODES = ("ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")  # a parameter server and N workers
@@ -39,7 +39,7 @@ DEFAULT_NODES = 4
 # The longest wait a flag may ask for. Timeouts and sleeps end in threading, asyncio, time.sleep and
 # ZeroMQ, which refuse waits beyond their own limits (about 9.2e9 s, or 2^31 ms) with an OverflowError.
 MAX_WAIT_SECONDS = 604800.0  # one week
-# --peer-timeout also sets ZeroMQ's HEARTBEAT_TTL, which holds at most 6553.599 s (gossip/transport.py)
+# --peer-timeout also sets ZeroMQ's HEARTBEAT_TTL, which holds at most 6553.599 s (gossip/net/transport.py)
 MAX_PEER_TIMEOUT = 6553.0
 MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # --speeds: a peer at speed s sleeps (1/s - 1) times its step's compute time
 
@@ -57,8 +57,8 @@ class GossipConfig:
     endpoints: tuple[str, ...] = ()  # one per rank; empty means tcp://host:(base_port + rank)
     bind: str = ""  # empty: our endpoint's host if it is an IP address
     server_endpoint: str = ""  # ps-* modes; empty means tcp://host:(base_port + world_size)
-    ipc: bool = True  # gossip/address.py
-    secure: str = ""  # KEYDIR (gossip/security.py): only the keys of this run's ranks are admitted
+    ipc: bool = True  # gossip/net/address.py
+    secure: str = ""  # KEYDIR (gossip/net/security.py): only the keys of this run's ranks are admitted
     gossip_every: int = 1
     schedule: str = "steps"
     round_seconds: float = 0.5

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from gossip.config import GossipConfig
 from gossip.mailbox import Mailbox
-from gossip.security import CurveKeys, load_keys
-from gossip.transport import Transport
-from gossip.wire import DTYPES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, Layout
+from gossip.net.security import CurveKeys, load_keys
+from gossip.net.transport import Transport
+from gossip.net.wire import DTYPES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, Layout
 
 RECV_QUEUE = 4  # complete messages one connection may park in libzmq (the protocol needs at most 2)
 

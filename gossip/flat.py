@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from gossip.errors import ConfigError
-from gossip.wire import DTYPES, Layout
+from gossip.net.wire import DTYPES, Layout
 
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 MIX_BLOCK_BYTES = 2 << 20  # fits the cache with the terms' blocks; measured best of 0.25-8 MiB here

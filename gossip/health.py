@@ -5,7 +5,7 @@ A model is blown up when a weight is NaN or Inf, or when the L2 norm of all its 
 reaches ``BLOWN_UP_NORM``: diverging SGD grows the weights geometrically (momentum on stale gradients
 reached 1e25 on the digits task before anything overflowed), and no float32 network that still trains has
 a norm of 1e12 (the spacing of float32 numbers there is about 1e5). The check is a sum of squares, one
-``torch.dot`` per tensor (as cheap as the finite-sum check of ``gossip/wire.py``): NaN or Inf anywhere
+``torch.dot`` per tensor (as cheap as the finite-sum check of ``gossip/net/wire.py``): NaN or Inf anywhere
 makes it non-finite, and so does a norm beyond ~1.8e19 in float32, which is blown up either way; only
 then is the exact element-wise test run, to say which of the two it was.
 """

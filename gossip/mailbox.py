@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from gossip.errors import PeerTimeout, ProtocolError, TransportError
-from gossip.wire import Header, Layout, Message, decode
+from gossip.net.wire import Header, Layout, Message, decode
 
 CONFIRM_SECONDS = 1.0  # a second hello waits this long for the drop of our link that proves a restart
 Expects = Callable[[int, int], bool]  # (sender, round) -> is sender one of our in-neighbours then

@@ -10,7 +10,7 @@ Rank and world size come from the first source that gives them, in this order:
    ``PMI_SIZE``, ``MPI_LOCALRANKID``.
 
 Endpoints follow from ``--hosts`` when it is given. Otherwise every peer writes the endpoint it announces
-into a key-value store and reads everyone's (``gossip.exchange``). The store is, in this order: the one at
+into a key-value store and reads everyone's (``gossip.rendezvous_store``). The store is, in this order: the one at
 ``--initial-peers``; torchrun's (its agent's own store when ``TORCHELASTIC_USE_AGENT_STORE=True``, else
 one that rank 0 hosts at ``MASTER_ADDR:MASTER_PORT``, as ``torch.distributed`` does); one that rank 0
 hosts at ``MASTER_ADDR:MASTER_PORT`` when those are set; under SLURM one that rank 0 hosts on the first
@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gossip.address import expand_nodelist, host_of_rank, parse_hosts, split_endpoint
 from gossip.config import RendezvousConfig
 from gossip.errors import ConfigError
+from gossip.net.address import expand_nodelist, host_of_rank, parse_hosts, split_endpoint
 
 # (source, rank variable, size variable, local-rank variable); checked in this order after the flags
 _SOURCES = (

@@ -15,8 +15,20 @@ import dataclasses
 import time
 from typing import Any, NamedTuple, NoReturn
 
-from gossip.config import (AGGREGATES, DEADLINES, DERIVED_FIELDS, MODES, PARTNERS, SCHEDULES, STALENESS_WEIGHTS,
-                           WEIGHT_BY, CoordinatorConfig, GossipConfig, RendezvousConfig, RunConfig)
+from gossip.config import (
+    AGGREGATES,
+    DEADLINES,
+    DERIVED_FIELDS,
+    MODES,
+    PARTNERS,
+    SCHEDULES,
+    STALENESS_WEIGHTS,
+    WEIGHT_BY,
+    CoordinatorConfig,
+    GossipConfig,
+    RendezvousConfig,
+    RunConfig,
+)
 from launch.procs import START_METHODS
 
 LAUNCH, PEER = "gossip-launch", "gossip-peer"

@@ -27,9 +27,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gossip.address import host_of_rank, is_ip, is_loopback, parse_hostfile, parse_hosts
 from gossip.config import RendezvousConfig, RunConfig
 from gossip.errors import ConfigError
+from gossip.net.address import host_of_rank, is_ip, is_loopback, parse_hostfile, parse_hosts
 from gossip.rendezvous import hosts_endpoints, hosts_server_endpoint
 from gossip.tasks import load_task
 from launch.flags import SHARED_FLAGS, config_from_args, field_values, flag_argv

@@ -10,7 +10,7 @@ transport see a real slow link (segmentation, congestion control, backlog), not 
 Latency is not added here: this kernel has no ``netem`` qdisc, and ``tbf`` only delays packets that queue
 behind others (its ``latency`` is a queue bound, not a delay). ``--link-latency-ms`` is therefore emulated by
 the sending transport, which holds each message for the sender's plus the receiver's latency before it
-enters the socket (see ``gossip/transport.py``); TCP's own round trip stays that of the veth.
+enters the socket (see ``gossip/net/transport.py``); TCP's own round trip stays that of the veth.
 
 Needs root and the ``ip`` and ``tc`` commands (iproute2); anything else is one ConfigError line.
 """

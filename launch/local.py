@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gossip.address import split_endpoint
 from gossip.config import RunConfig
 from gossip.errors import ConfigError, Diverged
-from gossip.security import load_keys
+from gossip.net.address import split_endpoint
+from gossip.net.security import load_keys
 from gossip.tasks import load_task
 from launch.links import Links, check_link_support
 from launch.procs import START_METHODS, start_peer, stop_all, warm_up_for_fork

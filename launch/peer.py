@@ -25,12 +25,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gossip.address import bindable
 from gossip.config import RendezvousConfig, RunConfig
 from gossip.errors import ConfigError, TaskError
+from gossip.net.address import bindable
 from gossip.rendezvous import Plan, hosts_server_endpoint, plan_rendezvous
-from launch.flags import (PEER_COMMAND_FLAGS, SHARED_FLAGS, FlagParser, add_flags, config_from_args, field_values,
-                          flag_argv, rendezvous_from_args)
+from launch.flags import (
+    PEER_COMMAND_FLAGS,
+    SHARED_FLAGS,
+    FlagParser,
+    add_flags,
+    config_from_args,
+    field_values,
+    flag_argv,
+    rendezvous_from_args,
+)
 
 PROG = "gossip-peer"
 # fields that may differ between the peers of one run: where and how each runs, not what it computes
@@ -66,7 +74,7 @@ def provisional_config(args: argparse.Namespace, world_size: int | None) -> RunC
 
 def meet(args: argparse.Namespace, rendezvous: RendezvousConfig, plan: Plan) -> tuple[RunConfig, int, str]:
     """Rendezvous: (this peer's RunConfig, its local rank, the run name agreed on)."""
-    from gossip import exchange
+    from gossip import rendezvous_store as exchange
 
     base_port = args.base_port
     cfg = provisional_config(args, plan.world_size)
@@ -148,8 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, TaskError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    from gossip.peer import guarded, name_logs, run_role  # imports torch
     import torch
+
+    from gossip.peer import guarded, name_logs, run_role  # imports torch
 
     name = "server" if args.server else "peer"
 

@@ -32,8 +32,8 @@ def warm_up_for_fork() -> None:
     thread and runs no parallel torch operation, so forking afterwards stays safe."""
     import torch
 
-    import gossip.peer  # noqa: F401 - the imports are the point
     import gossip.coordinator.server  # noqa: F401
+    import gossip.peer  # noqa: F401 - the imports are the point
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 

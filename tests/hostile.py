@@ -18,8 +18,8 @@ import torch
 import zmq
 
 from gossip.flat import FlatParams
+from gossip.net.wire import DTYPES, Header, Layout, encode, params_header
 from gossip.tasks import TaskContext, build_task
-from gossip.wire import DTYPES, Header, Layout, encode, params_header
 
 
 def _valid(layout: Layout, sender: int, round: int, fill: float = 0.0, chunk_bytes: int = 8 << 20) -> list:

@@ -19,7 +19,7 @@ from gossip.averagers.asynchronous import AsyncGossip
 from gossip.averagers.neighbours import byzantine_garbage
 from gossip.config import GossipConfig
 from gossip.flat import FlatParams
-from gossip.wire import decode, encode, params_header
+from gossip.net.wire import decode, encode, params_header
 from tests.conftest import endpoints, run_peers, vector_model
 
 ROBUST = ("median", "trimmed-mean")

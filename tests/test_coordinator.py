@@ -8,10 +8,10 @@ import torch
 from torch import nn
 
 from gossip.config import CoordinatorConfig
-from gossip.errors import ConfigError
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.dcasgd import DelayCompensation
 from gossip.coordinator.modes import build_core, server_optimizer
+from gossip.errors import ConfigError
 from gossip.flat import FlatParams
 from gossip.health import BLOWN_UP_NORM, model_problem
 

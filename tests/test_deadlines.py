@@ -14,7 +14,7 @@ from gossip.averagers.mailboxes import MassMailbox
 from gossip.deadlines import MIN_OBSERVATIONS, ArrivalDeadlines
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.flat import FlatParams
-from gossip.wire import encode, params_header
+from gossip.net.wire import encode, params_header
 
 pytestmark = pytest.mark.timeout(30)
 CEILING = 60.0

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gossip.errors import ConfigError
-from gossip.transport import Transport
+from gossip.net.transport import Transport
 from launch import links
 from tests.conftest import endpoints, wait_until
 

@@ -10,7 +10,7 @@ from gossip.averagers.mailboxes import LatestMailbox, PushSumMailbox
 from gossip.coordinator.mailboxes import PER_WORKER, QueueMailbox
 from gossip.errors import ProtocolError
 from gossip.mailbox import CONFIRM_SECONDS
-from gossip.wire import Header, Layout, encode, params_header
+from gossip.net.wire import Header, Layout, encode, params_header
 
 CHUNK = 256
 LAYOUT = Layout.describe([("w", (50,), "float32")], ["float32"], [50], CHUNK)

@@ -8,11 +8,18 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gossip.address import (bindable, expand_nodelist, host_of_rank, ipc_endpoint, parse_hostfile, parse_hosts,
-                            split_endpoint)
 from gossip.config import GossipConfig, RendezvousConfig
 from gossip.device import resolve_device
 from gossip.errors import ConfigError
+from gossip.net.address import (
+    bindable,
+    expand_nodelist,
+    host_of_rank,
+    ipc_endpoint,
+    parse_hostfile,
+    parse_hosts,
+    split_endpoint,
+)
 from gossip.rendezvous import hosts_endpoints, plan_rendezvous, read_environment
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "node01", "MASTER_PORT": "29500",

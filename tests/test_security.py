@@ -15,11 +15,11 @@ import zmq.auth
 from zmq.utils.monitor import parse_monitor_message
 
 import gossip
-from gossip.address import ipc_endpoint
 from gossip.errors import ConfigError, PeerTimeout
-from gossip.security import generate_keys, load_keys
-from gossip.transport import Transport
-from gossip.wire import encode, params_header
+from gossip.net.address import ipc_endpoint
+from gossip.net.security import generate_keys, load_keys
+from gossip.net.transport import Transport
+from gossip.net.wire import encode, params_header
 from tests.conftest import ROOT, free_base_port, run_peers, vector_model, wait_until
 
 pytestmark = pytest.mark.timeout(90)
@@ -37,7 +37,8 @@ def endpoints(count: int) -> tuple[str, ...]:
 
 
 def test_gossip_keys_command_writes_public_and_private_keys(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gossip.security", str(tmp_path / "k"), "--nodes", "2", "--server"],
+    proc = subprocess.run([sys.executable, "-m", "gossip.net.security", str(tmp_path / "k"), "--nodes", "2",
+                           "--server"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "k" / "public").iterdir()) == ["peer-0.key", "peer-1.key", "server.key"]

@@ -12,8 +12,8 @@ import zmq.asyncio
 
 from gossip.averagers.mailboxes import PushSumMailbox
 from gossip.errors import PeerTimeout, TransportError
-from gossip.transport import Transport
-from gossip.wire import Layout
+from gossip.net.transport import Transport
+from gossip.net.wire import Layout
 from tests.conftest import free_base_port
 
 pytestmark = pytest.mark.timeout(60)

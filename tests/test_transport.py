@@ -12,12 +12,12 @@ from zmq.utils.monitor import recv_monitor_message
 
 import gossip
 import topologies
-from gossip.address import ipc_endpoint
-from gossip.errors import PeerTimeout, PeerUnreachable
 from gossip.config import GossipConfig
+from gossip.errors import PeerTimeout, PeerUnreachable
 from gossip.flat import FlatParams
-from gossip.transport import Transport
-from gossip.wire import Header, decode, encode, params_header
+from gossip.net.address import ipc_endpoint
+from gossip.net.transport import Transport
+from gossip.net.wire import Header, decode, encode, params_header
 from tests.conftest import endpoints, run_peers, vector_model, wait_until
 
 pytestmark = pytest.mark.timeout(60)

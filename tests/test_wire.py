@@ -19,7 +19,7 @@ from torch import nn
 
 from gossip.errors import ProtocolError
 from gossip.flat import FlatParams
-from gossip.wire import (
+from gossip.net.wire import (
     DTYPES,
     MAX_CHUNK_BYTES,
     MAX_HEADER_BYTES,

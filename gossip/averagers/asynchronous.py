@@ -36,7 +36,7 @@ from gossip.averagers.mailboxes import LatestMailbox
 from gossip.averagers.neighbours import GossipAverager
 from gossip.errors import PeerTimeout
 from gossip.mixing import stale_weights
-from gossip.wire import Header, encode
+from gossip.net.wire import Header, encode
 
 
 class AsyncGossip(GossipAverager):

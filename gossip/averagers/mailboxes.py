@@ -15,7 +15,7 @@ import torch
 
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.mailbox import Expects, Mailbox, ranks_text
-from gossip.wire import Layout, Message
+from gossip.net.wire import Layout, Message
 
 Share = Callable[[int, int], float]  # (sender, round) -> W[us, sender] in that round: our share of its mass
 

@@ -17,8 +17,8 @@ import topologies
 from gossip.averagers.base import Averager, log
 from gossip.config import GossipConfig
 from gossip.flat import FlatParams
-from gossip.transport import Delivery
-from gossip.wire import Header, encode, params_header
+from gossip.net.transport import Delivery
+from gossip.net.wire import Header, encode, params_header
 
 
 class GossipAverager(Averager):

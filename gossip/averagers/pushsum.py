@@ -62,7 +62,7 @@ from collections import Counter
 from gossip.averagers.mailboxes import PushSumMailbox
 from gossip.averagers.sync import SyncGossip
 from gossip.errors import PeerTimeout
-from gossip.wire import Header, encode
+from gossip.net.wire import Header, encode
 
 FLOW_WINDOW = 1  # messages per link that may wait unanswered (see _answered)
 CREDIT_BOUND = 4.0  # a step moves z by at most this many times what the optimizer did (weight below 1 / 4)

@@ -63,8 +63,8 @@ from gossip.aggregate import aggregate_into_
 from gossip.averagers.mailboxes import MassMailbox, RoundMailbox
 from gossip.averagers.neighbours import GossipAverager
 from gossip.deadlines import ArrivalDeadlines
-from gossip.transport import Delivery
-from gossip.wire import encode, params_header
+from gossip.net.transport import Delivery
+from gossip.net.wire import encode, params_header
 
 SEND_GRACE = 1.0  # seconds --no-overlap waits for ZeroMQ to send our weights before it mixes into a copy
 

@@ -7,7 +7,7 @@ from collections import deque
 
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.mailbox import Expects, Mailbox
-from gossip.wire import Layout, Message
+from gossip.net.wire import Layout, Message
 
 PER_WORKER = 4  # messages of one worker the parameter server's queue holds: a hello, a contribution, a bye
 

@@ -30,8 +30,8 @@ from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, S
 from gossip.flat import FlatParams
 from gossip.health import model_problem
 from gossip.metrics import EventLog
+from gossip.net.wire import Header, Message, encode, params_header
 from gossip.tasks import TaskContext, build_task
-from gossip.wire import Header, Message, encode, params_header
 
 log = logging.getLogger("gossip.server")
 

@@ -11,7 +11,7 @@ from gossip.coordinator.mailboxes import ReplyMailbox
 from gossip.coordinator.modes import SENDS_WEIGHTS
 from gossip.errors import PeerTimeout
 from gossip.flat import FlatParams
-from gossip.wire import Header, Message, encode, params_header
+from gossip.net.wire import Header, Message, encode, params_header
 
 log = logging.getLogger("gossip.worker")
 

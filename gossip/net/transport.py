@@ -17,7 +17,7 @@ Socket options, deliberately:
   its mass.
 - RCVHWM bounds how many complete messages a connection can park in libzmq; MAXMSGSIZE (the largest frame
   our model's layout has, plus the header's limit) disconnects a sender of an oversized frame before it
-  is read. Neither bounds one message of endless frames: ``gossip/inbound.py`` watches every accepted
+  is read. Neither bounds one message of endless frames: ``gossip/net/inbound.py`` watches every accepted
   connection's received bytes against what it delivered, cuts one that holds more than the protocol allows,
   and caps the number of connections (``max_connections``; the oldest that never sent a valid message goes).
 - HANDSHAKE_IVL: a connection that has not completed its handshake (CURVE included) within
@@ -34,7 +34,7 @@ disconnection means (a crash, or a neighbour that finished) is the mailbox's bus
 drops a neighbour declared dead: its queue, its socket and its monitor, so nothing waits for it.
 
 Same host (``ipc``): the ROUTER also listens on ``ipc_endpoint`` of the peer's own endpoint, and a DEALER
-to a neighbour announced on loopback connects there (``gossip/address.py`` says why only loopback);
+to a neighbour announced on loopback connects there (``gossip/net/address.py`` says why only loopback);
 ``routes`` records which transport each destination got.
 
 Emulated latency (``delays``, seconds per destination): each message is held in its outbox until its
@@ -46,8 +46,8 @@ kernel: TCP itself sees no longer round-trip time.
 (``ProtocolError``) is dropped, counted by reason and logged with the sender's name; it never propagates.
 
 The module is longer than our usual 300 lines because one class owns every socket of the process on one
-event loop (ZeroMQ sockets are not thread-safe); the inbound guard (``gossip/inbound.py``), the loop
-thread (``gossip/loop.py``) and the wiring (``gossip/connect.py``) are already apart.
+event loop (ZeroMQ sockets are not thread-safe); the inbound guard (``gossip/net/inbound.py``), the loop
+thread (``gossip/net/loop.py``) and the wiring (``gossip/connect.py``) are already apart.
 """
 
 from __future__ import annotations
@@ -65,15 +65,15 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from gossip.address import ipc_endpoint
 from gossip.alloc import keep_freed_memory
 from gossip.errors import PeerTimeout, PeerUnreachable, ProtocolError, TransportError
-from gossip.inbound import CHECK_SECONDS, InboundGuard
-from gossip.loop import LoopThread
-from gossip.security import CurveKeys, secure_dealer, secure_router, start_authenticator
-from gossip.wire import MAX_CHUNK_BYTES, MAX_HEADER_BYTES
+from gossip.net.address import ipc_endpoint
+from gossip.net.inbound import CHECK_SECONDS, InboundGuard
+from gossip.net.loop import LoopThread
+from gossip.net.security import CurveKeys, secure_dealer, secure_router, start_authenticator
+from gossip.net.wire import MAX_CHUNK_BYTES, MAX_HEADER_BYTES
 
-log = logging.getLogger("gossip.transport")
+log = logging.getLogger("gossip.net.transport")
 Handler = Callable[[int | None, Sequence[Any]], None]  # (authenticated sender rank or None, frames)
 _WARN_FIRST = 5  # warnings per drop reason before we only warn on every 1000th
 HANDSHAKE_SECONDS = 5.0
@@ -93,7 +93,7 @@ class Transport:
         self._on_link = on_link
         self._on_failure = on_failure
         self._heartbeat_ms = int(heartbeat_timeout * 1000)
-        self.keys = keys  # CurveZMQ on every socket when set (gossip/security.py)
+        self.keys = keys  # CurveZMQ on every socket when set (gossip/net/security.py)
         self._authenticator = None
         self.bind_endpoint = bind
         self.endpoints = list(endpoints)

@@ -1,7 +1,7 @@
 """CurveZMQ for every socket (``--secure KEYDIR``): encryption, and an allow-list of public keys.
 
 Part of the transport layer (with ``transport.py``, the only modules that import zmq). Key layout, as
-``gossip-keys KEYDIR --nodes N [--server]`` (or ``python -m gossip.security``) writes it::
+``gossip-keys KEYDIR --nodes N [--server]`` (or ``python -m gossip.net.security``) writes it::
 
     KEYDIR/public/peer-0.key ... peer-<N-1>.key [server.key]      everyone's public key: the allow-list
     KEYDIR/private/peer-0.key_secret ...                          each process needs only its own

@@ -65,12 +65,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from gossip.address import is_loopback, split_endpoint
 from gossip.errors import ConfigError, PeerTimeout, PeerUnreachable
+from gossip.net.address import is_loopback, split_endpoint
+from gossip.net.security import CurveKeys, key_name, load_keys, shared_secret
 from gossip.rendezvous import Plan
-from gossip.security import CurveKeys, key_name, load_keys, shared_secret
 
-log = logging.getLogger("gossip.exchange")
+log = logging.getLogger("gossip.rendezvous_store")
 POLL_SECONDS = 0.05
 MAX_WORLD_SIZE = 1 << 16
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")

@@ -26,9 +26,9 @@ import zmq.utils.z85
 from torch.distributed import TCPStore
 
 from gossip.errors import ConfigError, PeerTimeout
-from gossip.exchange import Assignment, StoreRendezvous, Tags, announce_address, check_run_name, shown
+from gossip.net.security import CurveKeys, generate_keys, load_keys, shared_secret
 from gossip.rendezvous import Plan
-from gossip.security import CurveKeys, generate_keys, load_keys, shared_secret
+from gossip.rendezvous_store import Assignment, StoreRendezvous, Tags, announce_address, check_run_name, shown
 from tests.conftest import free_base_port, wait_until
 
 pytestmark = pytest.mark.timeout(60)
