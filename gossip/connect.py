@@ -8,7 +8,7 @@ from __future__ import annotations
 from gossip.config import GossipConfig
 from gossip.mailbox import Mailbox
 from gossip.net.security import CurveKeys, load_keys
-from gossip.net.transport import Transport
+from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import DTYPES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, Layout
 
 RECV_QUEUE = 4  # complete messages one connection may park in libzmq (the protocol needs at most 2)
@@ -24,11 +24,11 @@ def build_transport(config: GossipConfig, rank: int, layout: Layout, mailbox: Ma
     latency += [0.0] * (ranks - len(latency))  # the parameter server's access has no emulated latency
     # one-way latency of a link = that of the sender's access plus the receiver's
     delays = [0.0] * ranks if server else [latency[rank] + latency[dest] for dest in range(ranks)]
-    return Transport(rank, config.bind_endpoint(rank), endpoints, mailbox.deliver,
-                     queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
-                     keys=transport_keys(config, rank), on_link=None if server else mailbox.link,
-                     on_failure=mailbox.fail, heartbeat_timeout=config.peer_timeout, ipc=config.ipc,
-                     delays=delays, **inbound_limits(layout, ranks))
+    options = TransportConfig(queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
+                              keys=transport_keys(config, rank), delays=tuple(delays),
+                              heartbeat_timeout=config.peer_timeout, ipc=config.ipc, **inbound_limits(layout, ranks))
+    return Transport(rank, config.bind_endpoint(rank), endpoints, mailbox.deliver, options,
+                     on_link=None if server else mailbox.link, on_failure=mailbox.fail)
 
 
 def transport_keys(config: GossipConfig, rank: int) -> CurveKeys | None:

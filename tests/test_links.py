@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gossip.errors import ConfigError
-from gossip.net.transport import Transport
+from gossip.net.transport import Transport, TransportConfig
 from launch import links
 from tests.conftest import endpoints, wait_until
 
@@ -24,7 +24,7 @@ def test_emulated_latency_holds_every_message_and_keeps_them_pipelined():
     eps = endpoints(2)
     arrivals = []
     receiver = Transport(0, eps[0], eps, lambda identity, frames: arrivals.append(time.monotonic()))
-    sender = Transport(1, eps[1], eps, lambda *a: None, delays=[0.3, 0.0])
+    sender = Transport(1, eps[1], eps, lambda *a: None, TransportConfig(delays=(0.3, 0.0)))
     receiver.start()
     sender.start()
     try:

@@ -12,7 +12,7 @@ import zmq.asyncio
 
 from gossip.averagers.mailboxes import PushSumMailbox
 from gossip.errors import PeerTimeout, TransportError
-from gossip.net.transport import Transport
+from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import Layout
 from tests.conftest import free_base_port
 
@@ -31,7 +31,8 @@ def test_a_send_task_that_dies_fails_the_transport_and_wakes_a_waiting_post(monk
     base = free_base_port(2)
     endpoints = [f"tcp://127.0.0.1:{base + r}" for r in range(2)]
     failures: list[BaseException] = []
-    transport = Transport(0, endpoints[0], endpoints, lambda *a: None, queue_depth=1, on_failure=failures.append)
+    transport = Transport(0, endpoints[0], endpoints, lambda *a: None, TransportConfig(queue_depth=1),
+                          on_failure=failures.append)
     transport.start()
     outcome: list[BaseException] = []
 

@@ -16,7 +16,7 @@ from gossip.config import GossipConfig
 from gossip.errors import PeerTimeout, PeerUnreachable
 from gossip.flat import FlatParams
 from gossip.net.address import ipc_endpoint
-from gossip.net.transport import Transport
+from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import Header, decode, encode, params_header
 from tests.conftest import endpoints, run_peers, vector_model, wait_until
 
@@ -44,8 +44,8 @@ def test_messages_arrive_and_garbage_is_dropped_and_counted():
 def test_loopback_neighbours_are_reached_over_the_unix_socket_unless_ipc_is_off(ipc):
     eps = endpoints(2)
     received = []
-    receiver = Transport(0, eps[0], eps, lambda identity, frames: received.append(frames), ipc=ipc)
-    sender = Transport(1, eps[1], eps, lambda identity, frames: None, ipc=ipc)
+    receiver = Transport(0, eps[0], eps, lambda identity, frames: received.append(frames), TransportConfig(ipc=ipc))
+    sender = Transport(1, eps[1], eps, lambda identity, frames: None, TransportConfig(ipc=ipc))
     receiver.start()
     sender.start()
     context = zmq.Context()

@@ -19,8 +19,9 @@ The watch runs every ``CHECK_SECONDS`` on the event loop, so what one connection
 plus what arrives in one interval. The limit is in wire bytes; in memory it is up to 32 times that for a
 message of empty frames (``memory_bound``), which is why the slack beyond the protocol's own messages is
 kept to the handshake and the heartbeats actually sent. Unix-socket connections (same-host peers,
-abstract sockets, which have no file permissions) have no byte counters: one from a process of another user is cut at once (the
-kernel names the connecting process's user, ``SO_PEERCRED``); the same user can read our keys anyway.
+abstract sockets, which have no file permissions) have no byte counters: one from a process of another
+user is cut at once (the kernel names the connecting process's user, ``SO_PEERCRED``); the same user can
+read our keys anyway.
 
 A cap on connections bounds descriptors: beyond ``max_connections`` the oldest connection that never
 delivered a valid message is cut (a live neighbour's first message is its hello, so it is never the one).

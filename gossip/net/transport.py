@@ -59,6 +59,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -79,35 +80,50 @@ _WARN_FIRST = 5  # warnings per drop reason before we only warn on every 1000th
 HANDSHAKE_SECONDS = 5.0
 
 
-class Transport:
-    """Owns the loop thread and the sockets of peer ``rank``."""
+@dataclass(frozen=True)
+class TransportConfig:
+    """How a transport behaves; ``gossip/connect.py`` derives one from the run's configuration."""
 
-    def __init__(self, rank: int, bind: str, endpoints: Sequence[str], handler: Handler, *,
-                 queue_depth: int = 8, shutdown_timeout: float = 10.0, recv_queue: int = 256,
-                 keys: CurveKeys | None = None, delays: Sequence[float] = (),
+    queue_depth: int = 8  # messages queued per neighbour before a waiting post waits
+    shutdown_timeout: float = 10.0  # what close() may spend delivering what is queued
+    recv_queue: int = 256  # complete messages one connection may park in libzmq (RCVHWM)
+    keys: CurveKeys | None = None  # CurveZMQ on every socket when set (gossip/net/security.py)
+    delays: tuple[float, ...] = ()  # emulated one-way latency per destination, seconds
+    heartbeat_timeout: float = 3.0  # a neighbour silent this long is disconnected (also ZeroMQ's TTL)
+    ipc: bool = False  # reach neighbours announced on loopback over a Unix socket
+    max_frame_bytes: int = MAX_CHUNK_BYTES  # the largest payload frame the protocol allows
+    max_message_bytes: int = 0  # the largest message (0: unknown, a frame's worth)
+    max_connections: int = 64  # accepted connections at most (the inbound guard)
+
+
+class Transport:
+    """Owns the loop thread and the sockets of peer ``rank``. ``on_link(dest, up)`` hears of every
+    connection made or lost to a destination; ``on_failure(exc)`` of a task of ours that died."""
+
+    def __init__(self, rank: int, bind: str, endpoints: Sequence[str], handler: Handler,
+                 config: TransportConfig = TransportConfig(), *,
                  on_link: Callable[[int, bool], None] | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None, heartbeat_timeout: float = 3.0,
-                 ipc: bool = False, max_frame_bytes: int = MAX_CHUNK_BYTES, max_message_bytes: int = 0,
-                 max_connections: int = 64) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
         self.rank = rank
         self._on_link = on_link
         self._on_failure = on_failure
-        self._heartbeat_ms = int(heartbeat_timeout * 1000)
-        self.keys = keys  # CurveZMQ on every socket when set (gossip/net/security.py)
+        self._heartbeat_ms = int(config.heartbeat_timeout * 1000)
+        self.keys = config.keys
         self._authenticator = None
         self.bind_endpoint = bind
         self.endpoints = list(endpoints)
         self._handler = handler
-        self._queue_depth = queue_depth
-        self._shutdown_timeout = shutdown_timeout
-        self._recv_queue = recv_queue
-        self._max_frame = min(max_frame_bytes, MAX_CHUNK_BYTES) + MAX_HEADER_BYTES
+        self._queue_depth = config.queue_depth
+        self._shutdown_timeout = config.shutdown_timeout
+        self._recv_queue = config.recv_queue
+        self._max_frame = min(config.max_frame_bytes, MAX_CHUNK_BYTES) + MAX_HEADER_BYTES
         # what one connection may hold in libzmq: its queue of complete messages and one being assembled
-        largest = max(max_message_bytes, MAX_HEADER_BYTES) if max_message_bytes else MAX_CHUNK_BYTES
-        self.guard = InboundGuard((recv_queue + 2) * largest, max_connections, self._heartbeat_seconds())
+        largest = max(config.max_message_bytes, MAX_HEADER_BYTES) if config.max_message_bytes else MAX_CHUNK_BYTES
+        self.guard = InboundGuard((config.recv_queue + 2) * largest, config.max_connections,
+                                  self._heartbeat_seconds())
         self._guards: list[asyncio.Task[None]] = []
-        self._delays = list(delays) or [0.0] * len(self.endpoints)
-        self._ipc = ipc and zmq.has("ipc")
+        self._delays = list(config.delays) or [0.0] * len(self.endpoints)
+        self._ipc = config.ipc and zmq.has("ipc")
         self.routes: dict[int, str] = {}  # destination -> "ipc" or "tcp", once connected
         self._thread = LoopThread(f"gossip-loop-{rank}")
         self._outboxes: dict[int, _Outbox] = {}
