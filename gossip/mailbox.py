@@ -150,6 +150,11 @@ class Mailbox:
                 if now - since >= self.peer_timeout and j not in self._finished}
         return lost | self._declared | self._restarted
 
+    def link_drops(self) -> dict[str, int]:
+        """How often our connection to each neighbour dropped (a flap, a death or a restart)."""
+        with self._cond:
+            return {str(j): n for j, n in sorted(self._drops.items())}
+
     def dead(self) -> set[int]:
         with self._cond:
             return self._dead()

@@ -99,7 +99,7 @@ class GossipAverager(Averager):
 
     def statistics(self) -> dict:
         return {**super().statistics(), "dead_neighbours": sorted(self.dead), "deaths": self.deaths,
-                "readmitted": self.readmitted}
+                "readmitted": self.readmitted, "link_drops": self.mailbox.link_drops()}
 
     def _send_snapshot(self, round: int, *, latest_only: bool, snapshot: list | None = None, weight: float = 1.0,
                        track: bool = False) -> Delivery | None:
