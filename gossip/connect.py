@@ -28,7 +28,8 @@ def build_transport(config: GossipConfig, rank: int, layout: Layout, mailbox: Ma
                               keys=transport_keys(config, rank), delays=tuple(delays),
                               heartbeat_timeout=config.peer_timeout, ipc=config.ipc, **inbound_limits(layout, ranks))
     return Transport(rank, config.bind_endpoint(rank), endpoints, mailbox.deliver, options,
-                     on_link=None if server else mailbox.link, on_failure=mailbox.fail)
+                     on_link=None if server else mailbox.link, on_failure=mailbox.fail,
+                     on_closed=mailbox.connection_closed)
 
 
 def transport_keys(config: GossipConfig, rank: int) -> CurveKeys | None:

@@ -54,7 +54,11 @@ class Mailbox:
         self.failure: BaseException | None = None  # the transport's, once one of its tasks died
         self._down_since: dict[int, float] = {}  # neighbour -> when our connection to it dropped
         self._restarted: set[int] = set()  # said hello a second time: a new incarnation, not yet re-admitted
-        self._unconfirmed: dict[int, float] = {}  # said hello again while our link to it was up: since when
+        # said hello again while its old connection (or our link to it) was up: since when, the connection
+        # whose close would confirm it (None: our link's drop would), the connection the hello came on
+        self._unconfirmed: dict[int, tuple[float, int | None, int | None]] = {}
+        self._came_on: dict[int, int] = {}  # sender -> the inbound connection of its latest filed message
+        self._closed_connections: set[int] = set()  # those of them that have closed
         self._drops: Counter[int] = Counter()  # neighbour -> times our connection to it dropped
         self._drops_at_hello: dict[int, int] = {}  # neighbour -> _drops when we last believed its hello
         self._declared: set[int] = set()  # declared dead and not re-admitted since
@@ -64,8 +68,9 @@ class Mailbox:
         self.keep_first = False  # rejoining without a checkpoint: also keep each sender's first model
         self._first_models: dict[int, list[torch.Tensor]] = {}
 
-    def deliver(self, authenticated: int | None, frames: Sequence[Any]) -> None:
-        """The transport's handler: ``authenticated`` is the sender's rank proven by its CURVE key, or None."""
+    def deliver(self, authenticated: int | None, frames: Sequence[Any], connection: int | None = None) -> None:
+        """The transport's handler: ``authenticated`` is the sender's rank proven by its CURVE key, or None;
+        ``connection`` the serial of the inbound connection it came on (None: not known yet)."""
         message = decode(frames, self.layout, self.world_size)
         sender = message.header.sender
         if authenticated is not None and authenticated != sender:
@@ -85,13 +90,15 @@ class Mailbox:
                 self._file(message)
             # only what was filed counts: a rejected message neither greets nor reports a pace
             if kind == "hello" and (sender in self._heard or sender in self._declared):
-                self._hello_again(sender)
-            elif kind == "hello":
-                self._drops_at_hello[sender] = self._drops[sender]
-            elif kind not in ("bye", "bye-ack", "welcome"):
-                self.reported[sender] = message.header
-                if self.keep_first and sender in self.first and message.chunks:
-                    self._first_models.setdefault(sender, [c.clone() for c in message.chunks])
+                self._hello_again(sender, connection)
+            else:
+                self._note_connection(sender, connection)
+                if kind == "hello":
+                    self._drops_at_hello[sender] = self._drops[sender]
+                elif kind not in ("bye", "bye-ack", "welcome"):
+                    self.reported[sender] = message.header
+                    if self.keep_first and sender in self.first and message.chunks:
+                        self._first_models.setdefault(sender, [c.clone() for c in message.chunks])
             self._heard.add(sender)
             self._cond.notify_all()
 
@@ -107,23 +114,53 @@ class Mailbox:
         if self.max_steps and header.step > self.max_steps:
             raise ProtocolError("horizon", f"peer {sender} names step {header.step}; the run has {self.max_steps}")
 
-    def _hello_again(self, sender: int) -> None:
-        """A second hello (lock held). A new incarnation is a new process, and the old one's connections
-        closed when it ended: believed when our link to ``sender`` dropped since its last hello (or it was
-        declared dead, or we never had a link to it). Otherwise it is held for ``CONFIRM_SECONDS``, in case
-        the drop is reported just after the hello, and forgotten after: a hello forged in a live
-        neighbour's name does not make us stop waiting for it."""
-        if sender in self._declared or sender not in self._up or \
-                self._drops[sender] > self._drops_at_hello.get(sender, 0):
-            self._believe_restart(sender)
+    def _hello_again(self, sender: int, connection: int | None) -> None:
+        """A second hello (lock held). A new incarnation is a new process: its hello comes over a new
+        connection, and the old process's connection closed when it ended. Believed when the connection of
+        ``sender``'s latest message has closed (or it was declared dead, or we never had a link to it); a
+        hello over that same connection is no restart. Where the transport could not name the connections
+        (a message ahead of its connection's accept event), believed when our link to ``sender`` dropped
+        since its last hello. Otherwise it is held for ``CONFIRM_SECONDS``, in case the close (or drop) is
+        reported just after the hello, and forgotten after: a hello forged in a live neighbour's name does
+        not make us stop waiting for it, even after our link to it flapped."""
+        previous = self._came_on.get(sender)
+        if sender in self._declared or sender not in self._up:
+            self._believe_restart(sender, connection)
+        elif connection is not None and previous is not None:
+            if connection == previous:
+                return
+            if previous in self._closed_connections:
+                self._believe_restart(sender, connection)
+            else:
+                self._unconfirmed[sender] = (self.clock(), previous, connection)
+        elif self._drops[sender] > self._drops_at_hello.get(sender, 0):
+            self._believe_restart(sender, connection)
         else:
-            self._unconfirmed[sender] = self.clock()
+            self._unconfirmed[sender] = (self.clock(), None, connection)
 
-    def _believe_restart(self, sender: int) -> None:
+    def _believe_restart(self, sender: int, connection: int | None) -> None:
         self._unconfirmed.pop(sender, None)
         self._drops_at_hello[sender] = self._drops[sender]
+        self._note_connection(sender, connection)
         self._restarted.add(sender)
         self._restart(sender)
+
+    def _note_connection(self, sender: int, connection: int | None) -> None:
+        if connection is not None and self._came_on.get(sender) != connection:
+            self._came_on[sender] = connection
+            self._closed_connections &= set(self._came_on.values())
+
+    def connection_closed(self, connection: int) -> None:
+        """The transport: an inbound connection closed (a process ended, or a link was cut)."""
+        with self._cond:
+            if connection in self._came_on.values():
+                self._closed_connections.add(connection)
+            for sender, (since, previous, new) in list(self._unconfirmed.items()):
+                if previous == connection:
+                    del self._unconfirmed[sender]
+                    if self.clock() - since < CONFIRM_SECONDS:
+                        self._believe_restart(sender, new)
+            self._cond.notify_all()
 
     def _restart(self, sender: int) -> None:
         """Forget per-sender state that a new incarnation of ``sender`` starts over (lock held)."""
@@ -138,8 +175,11 @@ class Mailbox:
             else:
                 self._down_since.setdefault(peer, self.clock())
                 self._drops[peer] += 1
-                if self.clock() - self._unconfirmed.pop(peer, -CONFIRM_SECONDS) < CONFIRM_SECONDS:
-                    self._believe_restart(peer)
+                since, previous, new = self._unconfirmed.get(peer, (-CONFIRM_SECONDS, 0, None))
+                if previous is None:  # (a hello held on connections waits for its connection's close)
+                    del self._unconfirmed[peer]
+                    if self.clock() - since < CONFIRM_SECONDS:
+                        self._believe_restart(peer, new)
             self._cond.notify_all()
 
     def _dead(self) -> set[int]:

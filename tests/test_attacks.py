@@ -91,11 +91,10 @@ def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
     assert dropped.get("welcome", 0) == 1 and dropped.get("kind", 0) == 1, dropped
     assert dropped.get("cut-oversized", 0) == 2 and dropped.get("cut-connections", 0) >= 1, str(dropped)
     ends = [json.loads((attacked / f"peer-{rank}.jsonl").read_text().splitlines()[-1]) for rank in range(NODES)]
-    # Nobody was declared dead. The forged hello was not believed, except after an earlier drop of the
-    # victim's link to peer 1 (a known gap, RELIABILITY.md: seen once in about ten runs); it then costs one
-    # welcome, which peer 1 drops, and nothing else: the models above are bit-identical all the same.
-    assert [(end["deaths"], end["readmitted"]) for end in ends[1:]] == [(0, 0)] * (NODES - 1), ends
-    assert ends[0]["deaths"] == 0 and ends[0]["readmitted"] in (0, 1), ends[0]
+    # nobody was declared dead, and the forged hello was not believed (peer 1's connection stayed open, even
+    # where our link to it had flapped before: the end events count such drops, link_drops)
+    assert [(end["deaths"], end["readmitted"]) for end in ends] == [(0, 0)] * NODES, [
+        (end["deaths"], end["readmitted"], end["link_drops"]) for end in ends]
     assert all(p["dropped"] == {} for p in peers[1:])
     # 640 MiB, and 3 million empty frames, were sent at it; what it kept is bounded by the guard (about 9.5 MB
     # for this model, plus what arrives within one check: RELIABILITY.md states the figures)

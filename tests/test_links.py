@@ -23,7 +23,7 @@ LINK_TOOLS = os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")
 def test_emulated_latency_holds_every_message_and_keeps_them_pipelined():
     eps = endpoints(2)
     arrivals = []
-    receiver = Transport(0, eps[0], eps, lambda identity, frames: arrivals.append(time.monotonic()))
+    receiver = Transport(0, eps[0], eps, lambda identity, frames, connection: arrivals.append(time.monotonic()))
     sender = Transport(1, eps[1], eps, lambda *a: None, TransportConfig(delays=(0.3, 0.0)))
     receiver.start()
     sender.start()

@@ -174,6 +174,32 @@ def test_a_forged_hello_is_forgotten_once_the_confirmation_window_has_passed():
     assert box.take_restarted() == set()
 
 
+def test_a_hello_is_a_restart_only_once_the_connection_of_the_senders_last_message_closed():
+    box = push_sum_box()
+    box.clock = Clock()
+    box.link(1, up=True)
+    hello = encode(Header(kind="hello", sender=1))
+    box.deliver(None, hello, connection=7)
+    box.deliver(None, forged_params(1, 3), connection=7)
+    box.link(1, up=False)  # our link to peer 1 flaps: not a restart, and no licence for a later hello
+    box.link(1, up=True)
+    box.deliver(None, hello, connection=7)  # over its own live connection: the same process
+    box.deliver(None, hello, connection=9)  # forged, from a stranger's connection, while 7 is open
+    box.clock.advance(CONFIRM_SECONDS + 0.01)
+    box.connection_closed(9)
+    box.connection_closed(7)  # ...and 7 closing this much later does not make it true
+    assert box.take_restarted() == set() and box.dead() == set()
+    box.deliver(None, forged_params(1, 4), connection=11)  # peer 1 reconnected (its link was cut)
+    box.deliver(None, hello, connection=12)  # a real restart: the new process's hello, then the old one's close
+    box.connection_closed(11)
+    assert box.take_restarted() == {1}
+    box.deliver(None, forged_params(1, 0), connection=12)  # the new incarnation counts rounds afresh
+    box.connection_closed(13)
+    box.deliver(None, hello, connection=14)  # its connection 12 is open: a forged hello again
+    box.link(1, up=False)  # a drop of our link does not confirm it either
+    assert box.take_restarted() == set()
+
+
 def test_a_welcome_counts_only_while_we_rejoin():
     box = push_sum_box()
     welcome = encode(Header(kind="welcome", sender=1, round=5, step=5))

@@ -134,7 +134,7 @@ def test_a_key_that_is_no_rank_of_the_run_is_refused_at_the_handshake(keydir, tm
     (keydir / "public" / "peer-3.key").write_bytes((tmp_path / "stranger" / "stranger.key").read_bytes())
     eps = endpoints(3)
     keys = load_keys(keydir, 0, 3)
-    transport = Transport(0, eps[0], eps, lambda sender, frames: None, TransportConfig(keys=keys))
+    transport = Transport(0, eps[0], eps, lambda sender, frames, connection: None, TransportConfig(keys=keys))
     transport.start()
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)

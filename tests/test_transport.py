@@ -26,8 +26,8 @@ pytestmark = pytest.mark.timeout(60)
 def test_messages_arrive_and_garbage_is_dropped_and_counted():
     eps = endpoints(2)
     received = []
-    receiver = Transport(0, eps[0], eps, lambda identity, frames: received.append((identity, frames)))
-    sender = Transport(1, eps[1], eps, lambda identity, frames: None)
+    receiver = Transport(0, eps[0], eps, lambda identity, frames, connection: received.append((identity, frames)))
+    sender = Transport(1, eps[1], eps, lambda identity, frames, connection: None)
     receiver.start()
     sender.start()
     try:
@@ -44,8 +44,9 @@ def test_messages_arrive_and_garbage_is_dropped_and_counted():
 def test_loopback_neighbours_are_reached_over_the_unix_socket_unless_ipc_is_off(ipc):
     eps = endpoints(2)
     received = []
-    receiver = Transport(0, eps[0], eps, lambda identity, frames: received.append(frames), TransportConfig(ipc=ipc))
-    sender = Transport(1, eps[1], eps, lambda identity, frames: None, TransportConfig(ipc=ipc))
+    receiver = Transport(0, eps[0], eps, lambda identity, frames, connection: received.append(frames),
+                         TransportConfig(ipc=ipc))
+    sender = Transport(1, eps[1], eps, lambda identity, frames, connection: None, TransportConfig(ipc=ipc))
     receiver.start()
     sender.start()
     context = zmq.Context()
@@ -75,7 +76,7 @@ def test_loopback_neighbours_are_reached_over_the_unix_socket_unless_ipc_is_off(
 def test_handler_rejections_are_dropped_not_raised():
     eps = endpoints(2)
 
-    def reject(identity, frames):
+    def reject(identity, frames, connection):
         raise gossip.ProtocolError("header", "not for us")
 
     receiver = Transport(0, eps[0], eps, reject)
@@ -215,7 +216,7 @@ def test_a_tracked_send_is_delivered_only_once_zeromq_lets_go():
     destination is absent, and at once when that destination is forgotten (its queue dropped)."""
     eps = endpoints(3)
     received = threading.Event()
-    receiver = Transport(1, eps[1], eps, lambda sender, frames: received.set())
+    receiver = Transport(1, eps[1], eps, lambda sender, frames, connection: received.set())
     sender = Transport(0, eps[0], eps, lambda *a: None)
     receiver.start()
     sender.start()

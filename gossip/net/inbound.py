@@ -30,11 +30,13 @@ delivered a valid message is cut (a live neighbour's first message is its hello,
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import socket
 import struct
 import termios
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 CHECK_SECONDS = 0.02
@@ -52,6 +54,7 @@ MSG_T_BYTES = 64
 @dataclass
 class Connection:
     fd: int
+    serial: int  # names the connection for good (a descriptor number is reused)
     opened: float
     socket: socket.socket | None  # a duplicate of libzmq's descriptor; None once cut or not ours to watch
     tcp: bool
@@ -67,10 +70,12 @@ class InboundGuard:
     max_bytes: int
     max_connections: int
     heartbeat_seconds: float = 1.0
+    on_closed: Callable[[int], None] | None = None  # told the serial of every connection that closed
     connections: dict[int, Connection] = field(default_factory=dict)
     cut: dict[str, int] = field(default_factory=dict)  # reason -> connections cut
     # descriptors that delivered a valid message before their accept was reported (two event streams)
     _early: set[int] = field(default_factory=set)
+    _serials: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def accepted(self, fd: int) -> None:
         self.closed(fd)  # a descriptor number is reused once its previous connection is gone
@@ -79,7 +84,7 @@ class InboundGuard:
         except OSError:  # gone already
             return
         tcp = dup.family in (socket.AF_INET, socket.AF_INET6)
-        self.connections[fd] = Connection(fd, time.monotonic(), dup, tcp, valid=fd in self._early)
+        self.connections[fd] = Connection(fd, next(self._serials), time.monotonic(), dup, tcp, valid=fd in self._early)
         self._early.discard(fd)
         if not tcp and _peer_uid(dup) not in (None, os.getuid()):
             self._cut(self.connections[fd], "foreign-user")
@@ -91,8 +96,17 @@ class InboundGuard:
 
     def closed(self, fd: int) -> None:
         connection = self.connections.pop(fd, None)
-        if connection is not None and connection.socket is not None:
+        if connection is None:
+            return
+        if connection.socket is not None:
             connection.socket.close()
+        if self.on_closed is not None:
+            self.on_closed(connection.serial)
+
+    def serial(self, fd: int | None) -> int | None:
+        """The serial of the connection on descriptor ``fd``; None before its accept was reported."""
+        connection = self.connections.get(fd) if fd is not None else None
+        return connection.serial if connection is not None else None
 
     def delivered(self, fd: int, nbytes: int, frames: int, valid: bool) -> None:
         connection = self.connections.get(fd)

@@ -75,7 +75,8 @@ from gossip.net.security import CurveKeys, secure_dealer, secure_router, start_a
 from gossip.net.wire import MAX_CHUNK_BYTES, MAX_HEADER_BYTES
 
 log = logging.getLogger("gossip.net.transport")
-Handler = Callable[[int | None, Sequence[Any]], None]  # (authenticated sender rank or None, frames)
+# (authenticated sender rank or None, frames, serial of the inbound connection or None)
+Handler = Callable[[int | None, Sequence[Any], int | None], None]
 _WARN_FIRST = 5  # warnings per drop reason before we only warn on every 1000th
 HANDSHAKE_SECONDS = 5.0
 
@@ -98,12 +99,14 @@ class TransportConfig:
 
 class Transport:
     """Owns the loop thread and the sockets of peer ``rank``. ``on_link(dest, up)`` hears of every
-    connection made or lost to a destination; ``on_failure(exc)`` of a task of ours that died."""
+    connection made or lost to a destination; ``on_failure(exc)`` of a task of ours that died;
+    ``on_closed(serial)`` of every inbound connection that closed (the handler is told each message's)."""
 
     def __init__(self, rank: int, bind: str, endpoints: Sequence[str], handler: Handler,
                  config: TransportConfig = TransportConfig(), *,
                  on_link: Callable[[int, bool], None] | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_closed: Callable[[int], None] | None = None) -> None:
         self.rank = rank
         self._on_link = on_link
         self._on_failure = on_failure
@@ -120,7 +123,7 @@ class Transport:
         # what one connection may hold in libzmq: its queue of complete messages and one being assembled
         largest = max(config.max_message_bytes, MAX_HEADER_BYTES) if config.max_message_bytes else MAX_CHUNK_BYTES
         self.guard = InboundGuard((config.recv_queue + 2) * largest, config.max_connections,
-                                  self._heartbeat_seconds())
+                                  self._heartbeat_seconds(), on_closed)
         self._guards: list[asyncio.Task[None]] = []
         self._delays = list(config.delays) or [0.0] * len(self.endpoints)
         self._ipc = config.ipc and zmq.has("ipc")
@@ -372,8 +375,9 @@ class Transport:
             self.messages_received += 1
             self.bytes_received += nbytes
             valid = False
+            fd = identity.get(zmq.SRCFD)
             try:
-                self._handler(self._authenticated(identity), frames)
+                self._handler(self._authenticated(identity), frames, self.guard.serial(fd))
                 valid = True
             except ProtocolError as exc:
                 self.dropped[exc.reason] += 1
@@ -381,7 +385,7 @@ class Transport:
                 if count <= _WARN_FIRST or count % 1000 == 0:
                     log.warning("peer %d dropped a message from %s (%s, %d so far): %s",
                                 self.rank, self._sender_name(identity), exc.reason, count, exc)
-            self.guard.delivered(identity.get(zmq.SRCFD), nbytes + len(identity), len(frames) + 1, valid)
+            self.guard.delivered(fd, nbytes + len(identity), len(frames) + 1, valid)
             # A ready message makes ``await recv`` return without yielding; yield so that a flood of
             # incoming messages cannot starve our own sends.
             await asyncio.sleep(0)
