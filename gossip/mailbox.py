@@ -175,9 +175,9 @@ class Mailbox:
             else:
                 self._down_since.setdefault(peer, self.clock())
                 self._drops[peer] += 1
-                since, previous, new = self._unconfirmed.get(peer, (-CONFIRM_SECONDS, 0, None))
-                if previous is None:  # (a hello held on connections waits for its connection's close)
-                    del self._unconfirmed[peer]
+                held = self._unconfirmed.get(peer)
+                if held is not None and held[1] is None:  # (a hello held on a connection waits for its close)
+                    since, _, new = self._unconfirmed.pop(peer)
                     if self.clock() - since < CONFIRM_SECONDS:
                         self._believe_restart(peer, new)
             self._cond.notify_all()

@@ -96,7 +96,7 @@ def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
     assert [(end["deaths"], end["readmitted"]) for end in ends] == [(0, 0)] * NODES, [
         (end["deaths"], end["readmitted"], end["link_drops"]) for end in ends]
     assert all(p["dropped"] == {} for p in peers[1:])
-    # 640 MiB, and 3 million empty frames, were sent at it; what it kept is bounded by the guard (about 9.5 MB
+    # 640 MiB, and 3 million empty frames, were sent at it; what it kept is bounded by the guard (10.3 MB
     # for this model, plus what arrives within one check: RELIABILITY.md states the figures)
     assert victim["max_rss_mb"] < max(p["max_rss_mb"] for p in peers[1:]) + 40, [p["max_rss_mb"] for p in peers]
 

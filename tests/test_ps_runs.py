@@ -26,7 +26,8 @@ def server_events(run, kind: str) -> list[dict]:
 
 
 def test_ps_avg_with_one_local_step_equals_ps_sync(launch_run):
-    """Averaging the states after one plain SGD step equals applying the averaged gradient (docs/DESIGN.md, ps-avg)."""
+    """Averaging the states after one plain SGD step equals applying the averaged gradient
+    (docs/architecture.md, ps-avg)."""
     sync = launch_run("--mode", "ps-sync", "--steps", "15", *EXACT, nodes=3, name="sync")
     avg = launch_run("--mode", "ps-avg", "--local-steps", "1", "--steps", "15", *EXACT, nodes=3, name="avg")
     a, b = final_model(sync), final_model(avg)

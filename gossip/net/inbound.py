@@ -84,7 +84,8 @@ class InboundGuard:
         except OSError:  # gone already
             return
         tcp = dup.family in (socket.AF_INET, socket.AF_INET6)
-        self.connections[fd] = Connection(fd, next(self._serials), time.monotonic(), dup, tcp, valid=fd in self._early)
+        self.connections[fd] = Connection(fd, next(self._serials), time.monotonic(), dup, tcp,
+                                          valid=fd in self._early)
         self._early.discard(fd)
         if not tcp and _peer_uid(dup) not in (None, os.getuid()):
             self._cut(self.connections[fd], "foreign-user")

@@ -274,13 +274,17 @@ class Transport:
         queued = 0
         try:
             for dest in dests:
-                put = asyncio.ensure_future(self._outbox(dest).queue.put(
-                    (time.monotonic() + self._delays[dest], frames, False, delivery)))
-                await asyncio.wait((put, self._failed), return_when=asyncio.FIRST_COMPLETED)
-                if not put.done():  # a task of ours died: its queue may never drain
-                    put.cancel()
-                    self.raise_if_failed()
-                put.result()
+                queue = self._outbox(dest).queue
+                item = (time.monotonic() + self._delays[dest], frames, False, delivery)
+                if queue.full():  # wait for room, or for a task of ours to die (its queue may never drain)
+                    put = asyncio.ensure_future(queue.put(item))
+                    await asyncio.wait((put, self._failed), return_when=asyncio.FIRST_COMPLETED)
+                    if not put.done():
+                        put.cancel()
+                        self.raise_if_failed()
+                    put.result()
+                else:
+                    queue.put_nowait(item)
                 queued += 1
         finally:
             for _ in range(len(dests) - queued):  # not queued (a timeout): ZeroMQ never saw these frames
