@@ -34,6 +34,7 @@ WEIGHT_BY = ("none", "samples")
 DEADLINES = ("fixed", "adaptive")
 PARTNERS = ("any", "similar-speed")
 AGGREGATES = ("mean", "median", "trimmed-mean")  # gossip/aggregate.py
+COMPRESS = ("none", "float16", "int8")  # gossip/compression.py
 MiB = 1 << 20
 DEFAULT_NODES = 4
 # The longest wait a flag may ask for. Timeouts and sleeps end in threading, asyncio, time.sleep and
@@ -65,6 +66,8 @@ class GossipConfig:
     weight_by: str = "none"  # "none": a mass of 1 per peer
     deadline: str = "fixed"
     overlap: bool = True
+    compress: str = "none"  # CHOCO-gossip of compressed differences (gossip/averagers/compressed.py)
+    consensus_step: float = 1.0  # CHOCO's gamma
     deadline_k: float = 3.0
     deadline_floor: float = 0.01  # loopback and scheduler jitter
     deadline_window: int = 16
@@ -129,6 +132,7 @@ class GossipConfig:
             raise ConfigError("--schedule time and --partners apply to the gossip modes; the ps-* modes talk to "
                               "the server every step (ps-avg: every --local-steps steps)")
         _check_aggregate(self)
+        _check_compress(self)
         _check_int(self, "gossip_every", minimum=1)
         _check_int(self, "deadline_window", minimum=3)
         _check_positive(self, "deadline_k", "pace_tolerance")
@@ -310,6 +314,9 @@ class RunConfig:
                               f"optimizer, which --mode {self.gossip.mode} has none of (its {who} step their own "
                               "optimizers with --lr and --momentum)")
         _check_int(self, "rounds", minimum=0)
+        if self.max_restarts and self.gossip.compress != "none":
+            raise ConfigError(f"--max-restarts cannot be combined with --compress {self.gossip.compress}: a restarted "
+                              "peer cannot rebuild its neighbours' copies of its public model")
         if self.gossip.schedule == "time" and not self.rounds:
             raise ConfigError("--schedule time needs --rounds N: the run lasts N rounds of --round-seconds each, "
                               "and every peer does as many local steps as fit in a round")
@@ -402,6 +409,24 @@ def build_topology(spec: str, world_size: int) -> topologies.Topology:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(str(exc)) from exc
+
+
+def _check_compress(cfg: GossipConfig) -> None:
+    _check_choice(cfg, "compress", COMPRESS)
+    if not (_is_real(cfg.consensus_step) and 0 < cfg.consensus_step <= 1):
+        raise ConfigError(f"--consensus-step must be in (0, 1], got {cfg.consensus_step!r}")
+    if cfg.compress == "none":
+        return
+    if cfg.mode != "gossip-sync":
+        raise ConfigError(f"--compress {cfg.compress} applies to --mode gossip-sync (every compressed difference "
+                          "must arrive, in its round)")
+    others = [flag for flag, on in (("--deadline adaptive", cfg.deadline != "fixed"),
+                                    ("--weight-by samples", cfg.weight_by != "none"),
+                                    (f"--aggregate {cfg.aggregate}", cfg.aggregate != "mean"),
+                                    ("--byzantine", bool(cfg.byzantine))) if on]
+    if others:
+        raise ConfigError(f"--compress {cfg.compress} cannot be combined with {others[0]}: compressed gossip mixes "
+                          "the neighbours' public copies in lockstep rounds with the plain mean")
 
 
 def _check_aggregate(cfg: GossipConfig) -> None:

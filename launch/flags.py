@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from gossip.config import (
     AGGREGATES,
+    COMPRESS,
     DEADLINES,
     DERIVED_FIELDS,
     MODES,
@@ -74,6 +75,10 @@ TABLE: list[Flag] = [
     Flag("--overlap", "overlap", MIXING, "gossip-sync: exchange while the next local step computes, from a copy of "
                                          "the weights; --no-overlap sends the weights themselves and mixes before "
                                          "training on (no copy per round, one model less memory)"),
+    Flag("--compress", "compress", MIXING, "gossip-sync: send compressed differences from a public copy the "
+                                           "neighbours hold (CHOCO-gossip, error feedback): " + ", ".join(COMPRESS)
+                                           + "; 2x (float16) or about 4x (int8) fewer bytes, for slow links"),
+    Flag("--consensus-step", "consensus_step", MIXING, "--compress: CHOCO's consensus step size gamma in (0, 1]"),
     Flag("--chunk-mb", "chunk_mb", MIXING, "payload frame size in MiB"),
     Flag("--queue-depth", "queue_depth", MIXING, "messages queued per neighbour before a sync send waits"),
 

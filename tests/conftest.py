@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,6 +154,20 @@ def reap_peers(out: Path, grace: float) -> list[int]:
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     return left
+
+
+def load_traces(out: Path, nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, values[round, peer, coordinate]) from every peer's consensus trace (``trace-<rank>.npz``)."""
+    traces = [np.load(out / f"trace-{rank}.npz") for rank in range(nodes)]
+    rounds = traces[0]["rounds"]
+    for trace in traces:
+        np.testing.assert_array_equal(trace["rounds"], rounds)
+    return rounds, np.stack([t["values"] for t in traces], axis=1)
+
+
+def consensus_distance(x: np.ndarray) -> float:
+    """Root mean square distance of the peers' vectors ``x[peer]`` from their mean."""
+    return float(np.sqrt(((x - x.mean(0)) ** 2).sum(1).mean()))
 
 
 @pytest.fixture

@@ -11,21 +11,10 @@ import numpy as np
 import pytest
 
 import topologies
+from tests.conftest import consensus_distance as distance
+from tests.conftest import load_traces
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def load_traces(out, nodes: int) -> tuple[np.ndarray, np.ndarray]:
-    """(rounds, values[round, peer, coordinate]) from every peer's trace."""
-    traces = [np.load(out / f"trace-{rank}.npz") for rank in range(nodes)]
-    rounds = traces[0]["rounds"]
-    for trace in traces:
-        np.testing.assert_array_equal(trace["rounds"], rounds)
-    return rounds, np.stack([t["values"] for t in traces], axis=1)
-
-
-def distance(x: np.ndarray) -> float:
-    return float(np.sqrt(((x - x.mean(0)) ** 2).sum(1).mean()))
 
 
 @pytest.mark.parametrize("spec,nodes,rounds,extra", [

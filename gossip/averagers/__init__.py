@@ -1,7 +1,8 @@
-"""Averagers by mode name (and, for gossip-async, by ``async_rule``)."""
+"""Averagers by mode name (and, for gossip-async, by ``async_rule``; for gossip-sync, by ``compress``)."""
 
 from gossip.averagers.asynchronous import AsyncGossip
 from gossip.averagers.base import Averager
+from gossip.averagers.compressed import CompressedGossip
 from gossip.averagers.pushsum import AsyncPushSum
 from gossip.averagers.sync import SyncGossip
 from gossip.config import GossipConfig
@@ -11,7 +12,7 @@ def averager_class(config: GossipConfig) -> type[Averager]:
     """The averager of a gossip mode: gossip-async is push-sum unless ``async_rule`` is "latest"."""
     if config.mode == "gossip-async":
         return AsyncGossip if config.async_rule == "latest" else AsyncPushSum
-    return SyncGossip
+    return SyncGossip if config.compress == "none" else CompressedGossip
 
 
-__all__ = ["Averager", "AsyncGossip", "AsyncPushSum", "SyncGossip", "averager_class"]
+__all__ = ["AsyncGossip", "AsyncPushSum", "Averager", "CompressedGossip", "SyncGossip", "averager_class"]

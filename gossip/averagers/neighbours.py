@@ -114,13 +114,17 @@ class GossipAverager(Averager):
 
     def _snapshot_frames(self, round: int, snapshot: list, weight: float) -> list:
         """The frames of a "params" message carrying ``snapshot`` with push-sum mass ``weight``."""
-        header = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
-                               step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second,
-                               step_seconds=self.speed.step_seconds, weight=weight)
+        header = self._payload_header("params", round, weight)
         if self.rank in self.config.byzantine:  # fault injection: the wire gets garbage, our own model is kept
             seed = (self.config.seed * 1_000_003 + self.rank) * 1_000_003 + round
             return encode(header, byzantine_garbage(snapshot, self.config.byzantine_scale, seed))
         return encode(header, snapshot)
+
+    def _payload_header(self, kind: str, round: int, weight: float) -> Header:
+        """The header of a message of ours with a payload: our counters, pace and layout."""
+        return params_header(kind, self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
+                             step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second,
+                             step_seconds=self.speed.step_seconds, weight=weight)
 
     def _live_out_neighbours(self, round: int) -> list[int]:
         """Whom we send to in ``round``: its out-neighbours not declared dead."""

@@ -34,9 +34,18 @@ MAX_INT = 1 << 53  # counters beyond this cannot be real; also keeps floats exac
 # workers); "grad": a parameter-server worker's gradients; "weights": the server's weights for a worker;
 # "bye": a worker or peer that has finished. "bye-ack" (gossip-async push-sum): a peer still training
 # answers a finished neighbour's bye: it sends that neighbour nothing more. "welcome": a gossip neighbour
-# re-admits a restarted peer, in its round ``round`` at its step ``step``.
+# re-admits a restarted peer, in its round ``round`` at its step ``step``. "delta-f16" and "delta-i8"
+# (compressed gossip, ``--compress``): the sender's compressed change of its public copy (see below).
 KINDS: dict[str, bool] = {"hello": False, "params": True, "grad": True, "weights": True, "bye": False,
-                          "bye-ack": False, "welcome": False}
+                          "bye-ack": False, "welcome": False, "delta-f16": True, "delta-i8": True}
+# Compressed payloads follow the same frame plan as the weights; each row of it becomes, for "float16", one
+# frame of float16 values and, for "int8", one frame of int8 values and one of float32 scales, one scale per
+# INT8_BLOCK values (value = int8 * scale). A scale is finite, >= 0 and at most MAX_INT8_SCALE, so that no
+# decoded value exceeds 2^64 in magnitude (an honest difference of weights is nowhere near it; a replica
+# built from such values cannot overflow in any run the round bound allows).
+CODEC_KINDS = {"float16": "delta-f16", "int8": "delta-i8"}
+INT8_BLOCK = 256
+MAX_INT8_SCALE = 2.0 ** 64 / 127
 DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -57,6 +66,7 @@ class Layout:
     # Our frame size; the receiver mixes chunk by chunk along its own frame_plan, so a sender must cut
     # the same way. 0 accepts any size (tools that only inspect messages).
     chunk_bytes: int = 0
+    codec: str = "none"  # the compressed kind we take (``CODEC_KINDS``), or "none": none
 
     @classmethod
     def describe(cls, entries: Sequence[tuple[str, tuple[int, ...], str]], dtypes: Sequence[str],
@@ -134,14 +144,24 @@ def decode(frames: Sequence[Any], layout: Layout, world_size: int) -> Message:
         if payload:
             raise ProtocolError("frames", f"a {header.kind} message carries no payload, got {len(payload)} frames")
         return Message(header, [], 0)
-    plan = _check_layout(header, layout, len(payload))
+    codec = _check_codec(header, layout)
+    per_row = 2 if codec == "int8" else 1
+    if len(payload) % per_row:
+        raise ProtocolError("frames", f"{len(payload)} payload frames, not {per_row} per row of the frame plan")
+    plan = _check_layout(header, layout, len(payload) // per_row)
     chunks = []
-    for (segment, start, stop), frame in zip(plan, payload):
-        dtype = DTYPES[layout.dtypes[segment]]
-        buffer = _buffer_of(frame)
-        if len(buffer) != (stop - start) * dtype.itemsize:
-            raise ProtocolError("length", f"frame of {len(buffer)} bytes where {(stop - start) * dtype.itemsize} belong")
-        chunks.append(torch.frombuffer(buffer, dtype=dtype))
+    for row, (segment, start, stop) in enumerate(plan):
+        dtypes = {"none": (DTYPES[layout.dtypes[segment]],), "float16": (torch.float16,),
+                  "int8": (torch.int8, torch.float32)}[codec]
+        for part, dtype in enumerate(dtypes):
+            count = -(-(stop - start) // INT8_BLOCK) if part else stop - start
+            buffer = _buffer_of(payload[row * per_row + part])
+            if len(buffer) != count * dtype.itemsize:
+                raise ProtocolError("length", f"frame of {len(buffer)} bytes where {count * dtype.itemsize} belong")
+            chunks.append(torch.frombuffer(buffer, dtype=dtype))
+    if codec == "int8":
+        _check_scales(chunks[1::2], header.sender)
+        return Message(header, chunks, layout.total_bytes)
     for chunk in chunks:
         # One read-only pass: NaN or Inf anywhere makes the sum non-finite. So does a sum of large finite
         # values that overflows; only then is the exact element-wise check worth its temporary.
@@ -149,6 +169,25 @@ def decode(frames: Sequence[Any], layout: Layout, world_size: int) -> Message:
         if not math.isfinite(float(chunk.sum(dtype=accumulate))) and not bool(torch.isfinite(chunk).all()):
             raise ProtocolError("non-finite", f"payload from peer {header.sender} holds NaN or Inf")
     return Message(header, chunks, layout.total_bytes)
+
+
+def _check_codec(header: Header, layout: Layout) -> str:
+    """The codec of a payload message: "none" for the weights, else the one the kind names, which must be ours."""
+    if header.kind not in CODEC_KINDS.values():
+        return "none"
+    codec = next(name for name, kind in CODEC_KINDS.items() if kind == header.kind)
+    if codec != layout.codec:
+        ours = f"--compress {layout.codec}" if layout.codec != "none" else "no compression"
+        raise ProtocolError("codec", f"peer {header.sender} sends {codec}-compressed differences, we run with "
+                                     f"{ours}; every peer must use the same --compress")
+    return codec
+
+
+def _check_scales(scales: Sequence[torch.Tensor], sender: int) -> None:
+    """int8 scales: finite, >= 0 and at most MAX_INT8_SCALE (NaN fails every comparison)."""
+    for chunk in scales:
+        if chunk.numel() and not (bool((chunk >= 0).all()) and float(chunk.max()) <= MAX_INT8_SCALE):
+            raise ProtocolError("scale", f"int8 scales from peer {sender} are negative, too large or not finite")
 
 
 def _decode_header(raw: bytes, world_size: int) -> Header:

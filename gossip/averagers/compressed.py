@@ -1,0 +1,127 @@
+"""Compressed synchronous gossip (``--compress float16|int8``): CHOCO-Gossip, the consensus step of
+CHOCO-SGD (Koloskova, Stich & Jaggi, "Decentralized Stochastic Optimization and Gossip Algorithms with
+Compressed Communication", ICML 2019, Algorithm 2 with its memory-efficient bookkeeping of the
+neighbours' copies).
+
+Besides its model x_i every peer keeps a public copy x^_i, which every neighbour also holds, bit for
+bit, as a replica. At mixing point r a peer compresses the difference to its public copy and moves the
+copy by exactly what it sends, as every receiver will:
+
+    q_i = Q(x_i - x^_i),    x^_i += q_i,    send q_i to every neighbour
+
+and, once the neighbours' q_j of round r have arrived and moved its replicas x^_j += q_j,
+
+    x_i += gamma * sum_j W_ij (x^_j - x^_i)          (j over the live neighbours)
+
+Q is one of ``gossip/compression.py``'s codecs and gamma the consensus step (``--consensus-step``, 1 by
+default: with 16- and 8-bit codecs the compression error is small enough for the full step, which
+CHOCO's theory allows for any compressor close enough to the identity). What Q rounds away is not lost:
+it stays in x_i - x^_i and goes out with the next q (error feedback), so x^ tracks x and the gossip
+converges to exact consensus, not merely to the codec's precision.
+
+Exactness: with W symmetric and every replica equal to its original, sum_i sum_j W_ij (x^_j - x^_i) = 0,
+so the network's mean of x moves only by local progress, as in uncompressed gossip (to float32 rounding).
+That needs every q delivered and applied once, in order: hence fixed deadlines (lockstep rounds) on a
+fixed undirected topology, checked by the configuration. A dead neighbour's term is dropped on both
+sides (its share moves to W_ii); a restarted peer cannot rebuild the replicas it lost, so ``--resume``
+is refused with one line.
+
+Overlap works as in ``SyncGossip``: with ``overlap`` the round-r mix happens at mixing point r + 1, the
+local steps made meanwhile kept in x_i; without, right after the send. The messages are new tensors,
+so nothing waits for ZeroMQ to let go of the weights. Memory: the public copy plus one replica per
+neighbour (float32, float64 for float64 weights), beside the compressed messages in flight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+import topologies
+from gossip.averagers.mailboxes import RoundMailbox
+from gossip.averagers.sync import SyncGossip
+from gossip.compression import add_decoded_, encode_difference_
+from gossip.config import GossipConfig
+from gossip.errors import ConfigError
+from gossip.flat import FlatParams
+from gossip.net.wire import CODEC_KINDS, encode
+
+
+class CompressedGossip(SyncGossip):
+    _pending: int | None = None  # the round whose neighbours' messages are still to mix
+
+    def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None) -> None:
+        if topology is not None and (topology.directed or topology.time_varying):
+            raise ConfigError(f"--compress {config.compress} needs a fixed undirected topology (ring, torus, full, "
+                              f"...), not {topology.spec}: each neighbour keeps a copy of our public model, built "
+                              "from every difference we ever sent it")
+        super().__init__(flat, config, topology)
+        self.codec = self.config.compress
+        self._frames_per_row = 2 if self.codec == "int8" else 1
+        self.public = self._zeros()  # x^_i, per segment
+        self.replicas = {j: self._zeros() for j in self.topology.in_neighbors(self.rank, 0)}  # x^_j
+
+    def _zeros(self) -> list[torch.Tensor]:
+        return [torch.zeros(s.numel(), dtype=torch.promote_types(s.dtype, torch.float32), device=s.device)
+                for s in self.flat.segments]
+
+    def _make_mailbox(self) -> RoundMailbox:
+        mailbox = super()._make_mailbox()
+        mailbox.layout = dataclasses.replace(mailbox.layout, codec=self.config.compress)
+        mailbox.accepts = frozenset({"hello", "welcome", CODEC_KINDS[self.config.compress]})
+        return mailbox
+
+    def _prepare_rejoin(self) -> None:
+        raise ConfigError("--compress cannot rejoin a restarted peer: its neighbours' copies of its public model "
+                          "died with it; run without --compress (or --max-restarts) to restart peers")
+
+    def _gossip(self) -> None:
+        if self.config.overlap:
+            self._complete_round(take_snapshot=False, final=False)
+        round = self._open_round()
+        self._send_difference(round)
+        self._pending = round
+        if not self.config.overlap:
+            self._complete_round(take_snapshot=False, final=False)
+
+    def _send_difference(self, round: int) -> None:
+        """q_i = Q(x_i - x^_i) for every frame of the plan, x^_i += q_i, and send q_i."""
+        frames = []
+        with self._timed_mix():
+            for view, (segment, start, stop) in zip(self.flat.views(), self.flat.plan):
+                frames += encode_difference_(self.codec, view, self.public[segment][start:stop])
+        if self.flat.device.type != "cpu":
+            frames = [frame.cpu() for frame in frames]
+        header = self._payload_header(CODEC_KINDS[self.codec], round, weight=1.0)
+        self.transport.post(self._live_out_neighbours(round), encode(header, frames), latest_only=False,
+                            timeout=self.config.send_timeout)
+
+    def _complete_round(self, take_snapshot: bool, final: bool) -> None:
+        """Wait for the pending round's differences, move the replicas by them, and take the consensus
+        step x_i += gamma sum_j W_ij (x^_j - x^_i), frame by frame while each is in cache."""
+        if self._pending is None:
+            return
+        round, self._pending = self._pending, None
+        senders = tuple(j for j in self.topology.in_neighbors(self.rank, round) if j not in self.dead)
+        with self._timed_wait():
+            messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
+        for j in self.dead & self.replicas.keys():  # a dead neighbour's term is gone for good
+            del self.replicas[j]
+        row, step = self.topology.mixing_matrix(round)[self.rank], self.config.consensus_step
+        shares = [(float(row[j]), self.replicas[j], message.chunks) for j, message in sorted(messages.items())]
+        per_row = self._frames_per_row
+        with self._timed_mix():
+            for index, (view, (segment, start, stop)) in enumerate(zip(self.flat.views(), self.flat.plan)):
+                for share, replica, chunks in shares:
+                    mine = replica[segment][start:stop]
+                    add_decoded_(mine, self.codec, chunks[index * per_row:(index + 1) * per_row])
+                    view.add_(mine, alpha=step * share)
+                if shares:
+                    view.add_(self.public[segment][start:stop], alpha=-step * sum(share for share, _, _ in shares))
+        self.rounds = round + 1
+
+    def statistics(self) -> dict:
+        stats = super().statistics()
+        stats.pop("relocated", None)  # nothing of ours is sent uncopied
+        return {**stats, "compress": self.codec}
