@@ -8,6 +8,7 @@ network's mean must not move, and the consensus distance must contract.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -205,3 +206,14 @@ def test_compressed_gossip_sends_a_quarter_of_the_bytes(launch_run):
 def test_compression_needs_a_fixed_undirected_topology(spec):
     with pytest.raises(ConfigError, match="fixed undirected topology"):
         gossip.attach(vector_model(torch.zeros(4)), rank=0, world_size=8, topology=spec, compress="int8")
+
+
+def test_compressed_gossip_goes_on_without_a_dead_neighbour(launch_run):
+    run = launch_run("--compress", "int8", "--task", "tests.tasks:worker_1_dies", "--keep-going", "--peer-timeout",
+                     "1", "--steps", "200", "--compute-ms", "5")
+    assert "peer 1 failed (exit 9)" in run.stderr and "going on without it (--keep-going)" in run.stderr
+    ends = {rank: [json.loads(line) for line in (run.out / f"peer-{rank}.jsonl").read_text().splitlines()][-1]
+            for rank in (0, 2, 3)}
+    assert all(end["event"] == "end" and end["step"] == 200 for end in ends.values()), ends
+    assert ends[0]["dead_neighbours"] == [1] and ends[2]["dead_neighbours"] == [1]
+    assert min(end["test"]["accuracy"] for end in ends.values()) >= 0.9, ends
