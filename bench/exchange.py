@@ -42,6 +42,16 @@ MB = 1 << 20
 KEYDIR = ROOT / "bench" / "results" / "exchange-keys"  # --secure variant: key pairs for the 3 peers
 
 
+_baseline_mb = 0.0  # resident MB of this peer process with its model built, before any exchange machinery
+
+
+def mark_baseline() -> None:
+    """Note the process's resident memory now: the model exists, nothing that exchanges it yet."""
+    global _baseline_mb
+    with open("/proc/self/statm") as statm:
+        _baseline_mb = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MB
+
+
 def mix(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     x.mul_(1 / 3).add_(a, alpha=1 / 3).add_(b, alpha=1 / 3)  # Metropolis-Hastings weights of a 3-ring
 
@@ -52,6 +62,7 @@ def run_gossip(rank: int, numel: int, rounds: int, warmup: int, port: int, secur
 
     model = torch.nn.Linear(1, 1, bias=False)
     model.weight = torch.nn.Parameter(torch.full((numel,), float(rank)))
+    mark_baseline()
     with gossip.attach(model, rank=rank, world_size=WORLD, base_port=port, topology="ring",
                        secure=secure, overlap=overlap, ipc=ipc) as averager:
         for _ in range(warmup):
@@ -97,8 +108,9 @@ def _time_pyzmq(context, one_round, rounds: int, warmup: int) -> float:
 
 
 def run_pyzmq(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
-    context, router, dealers = _pyzmq_ring(rank, port)
     x = torch.full((numel,), float(rank))
+    mark_baseline()
+    context, router, dealers = _pyzmq_ring(rank, port)
 
     def one_round() -> None:
         for dealer in dealers:
@@ -121,8 +133,9 @@ def run_pyzmq_frames(rank: int, numel: int, rounds: int, warmup: int, port: int,
     from gossip.alloc import keep_freed_memory
 
     keep_freed_memory()
-    context, router, dealers = _pyzmq_ring(rank, port, ipc)
     x = torch.full((numel,), float(rank))
+    mark_baseline()
+    context, router, dealers = _pyzmq_ring(rank, port, ipc)
     frame, block = (8 * MB) // 4, (2 * MB) // 4
 
     def one_round() -> None:
@@ -150,8 +163,9 @@ def run_pyzmq_frames(rank: int, numel: int, rounds: int, warmup: int, port: int,
 def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int, mixing: bool = True) -> float:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port + WORLD}", rank=rank, world_size=WORLD)
     x = torch.full((numel,), float(rank))
+    mark_baseline()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port + WORLD}", rank=rank, world_size=WORLD)
     inbox = [torch.empty(numel), torch.empty(numel)]
     right, left = (rank + 1) % WORLD, (rank - 1) % WORLD
 
@@ -190,7 +204,8 @@ def _peer(variant: str, rank: int, numel: int, rounds: int, warmup: int, port: i
 
     torch.set_num_threads(1)
     elapsed = RUNNERS[variant](rank, numel, rounds, warmup, port)
-    results.put((rank, elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))  # Linux: KiB
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    results.put((rank, elapsed, peak, peak - _baseline_mb))
 
 
 def free_port_block(count: int) -> int:
@@ -206,8 +221,9 @@ def free_port_block(count: int) -> int:
     raise RuntimeError("no free ports")
 
 
-def measure(variant: str, size_mb: float, rounds: int, warmup: int) -> tuple[float, float]:
-    """(seconds per round of the slowest peer, peak resident MB of the largest peer)."""
+def measure(variant: str, size_mb: float, rounds: int, warmup: int) -> tuple[float, float, float]:
+    """(seconds per round of the slowest peer, peak resident MB of the largest peer, the largest peak
+    beyond a peer's resident memory before its exchange began, with its model built, in models)."""
     numel = int(size_mb * MB) // 4
     context = mp.get_context("spawn")
     results = context.Queue()
@@ -223,7 +239,8 @@ def measure(variant: str, size_mb: float, rounds: int, warmup: int) -> tuple[flo
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    return max(elapsed for _, elapsed, _ in reports), max(rss for _, _, rss in reports)
+    return (max(r[1] for r in reports), max(r[2] for r in reports),
+            max(r[3] for r in reports) / (numel * 4 / MB))
 
 
 def main() -> None:
@@ -246,12 +263,14 @@ def main() -> None:
         row = {"size_mb": size, "rounds": rounds}
         for variant in args.variants.split(","):
             runs = [measure(variant, size, rounds, warmup=3) for _ in range(args.repeats)]
-            samples = sorted(elapsed for elapsed, _ in runs)
+            samples = sorted(elapsed for elapsed, _, _ in runs)
             row[variant] = samples[len(samples) // 2]
             row[f"{variant}_all"] = samples
-            row[f"{variant}_peak_rss_mb"] = [round(rss) for _, rss in runs]
+            row[f"{variant}_peak_rss_mb"] = [round(rss) for _, rss, _ in runs]
+            row[f"{variant}_extra_models"] = [round(extra, 2) for _, _, extra in runs]
         rows.append(row)
-        print(f"{size:6.0f} MiB  " + "  ".join(f"{v} {row[v]:.4f} s (peak RSS {max(row[f'{v}_peak_rss_mb'])} MB)"
+        print(f"{size:6.0f} MiB  " + "  ".join(f"{v} {row[v]:.4f} s (peak RSS {max(row[f'{v}_peak_rss_mb'])} MB, "
+                                               f"{max(row[f'{v}_extra_models'])} models beyond the model)"
                                                for v in RUNNERS if v in row), flush=True)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "torch": torch.__version__}

@@ -128,10 +128,13 @@ class FlatParams:
         for module, attr, index in self._aliases:
             _repoint(module, attr, views[index])
 
-    def combine_(self, terms: list[tuple[float, list[torch.Tensor]]], snapshot: bool = False) -> list[torch.Tensor] | None:
+    def combine_(self, terms: list[tuple[float, list[torch.Tensor]]], snapshot: bool = False,
+                 into: list[torch.Tensor] | None = None) -> list[torch.Tensor] | None:
         """weights += sum(alpha * chunks for alpha, chunks in terms); with ``snapshot``, also return a copy
-        of the result as ``snapshot()`` would. The first term may be the weights themselves (``views()``),
-        which scales them; a later one would see them already changed.
+        of the result as ``snapshot()`` would, written ``into`` those chunks when given (on the CPU; they
+        may be one of the terms: each block of it is read before it is overwritten). The first term may
+        be the weights themselves (``views()``), which scales them; a later one would see them already
+        changed.
 
         On the CPU this goes block by block (``MIX_BLOCK_BYTES``): every term is added to a block while it
         is still in cache, and the snapshot copies it from there, instead of one pass over the whole model
@@ -144,7 +147,7 @@ class FlatParams:
             return self.snapshot() if snapshot else None
         copies = []
         for index, view in enumerate(self.views()):
-            copy = torch.empty_like(view) if snapshot else None
+            copy = (torch.empty_like(view) if into is None else into[index]) if snapshot else None
             block = max(1, MIX_BLOCK_BYTES // view.element_size())
             for start in range(0, view.numel(), block):
                 target = view[start:start + block]

@@ -182,6 +182,24 @@ def test_combine_adds_every_term_and_snapshots_the_result(monkeypatch, block_byt
     assert flat.combine_([(1.0, a)]) is None
 
 
+@pytest.mark.parametrize("block_bytes", [8, 64, 1 << 20])
+def test_combine_writes_the_snapshot_into_a_term_it_has_read(monkeypatch, block_bytes):
+    """The overlap round's form: x <- x + 0.2 (own - x)... with the next snapshot written into ``own``."""
+    monkeypatch.setattr("gossip.flat.MIX_BLOCK_BYTES", block_bytes)
+    torch.manual_seed(0)
+    flat = FlatParams(nn.Sequential(nn.Linear(20, 10), nn.Linear(10, 3).double()), CHUNK)
+    twin = FlatParams(nn.Sequential(nn.Linear(20, 10), nn.Linear(10, 3).double()), CHUNK)
+    twin.copy_(list(flat.views()))
+    own, a = plan_chunks(flat, seed=1), plan_chunks(flat, seed=2)
+    terms = lambda target, own: [(-0.5, list(target.views())), (0.3, own), (0.2, a)]  # noqa: E731
+    expected = twin.combine_(terms(twin, [c.clone() for c in own]), snapshot=True)
+    pointers = [c.data_ptr() for c in own]
+    copies = flat.combine_(terms(flat, own), snapshot=True, into=own)
+    assert [c.data_ptr() for c in copies] == pointers  # no new buffer
+    for mine, theirs in zip(copies + list(flat.views()), expected + list(twin.views()), strict=True):
+        assert torch.equal(mine, theirs)
+
+
 def fingerprint(model: nn.Module) -> str:
     return FlatParams(model, CHUNK).layout.fingerprint
 

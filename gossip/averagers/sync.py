@@ -73,6 +73,7 @@ class SyncGossip(GossipAverager):
     # (round, snapshot or None for the live weights, weight, kept share)
     _pending: tuple[int, list[torch.Tensor] | None, float, float] | None = None
     _delivery: Delivery | None = None  # --no-overlap: the uncopied send of the weights in flight
+    _snapshot_delivery: Delivery | None = None  # overlap: the send of our snapshot in flight
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -112,7 +113,8 @@ class SyncGossip(GossipAverager):
         if snapshot is None:  # the first round
             snapshot = self.flat.snapshot()
         round = self._open_round()
-        self._send_snapshot(round, latest_only=False, snapshot=snapshot, weight=self.weight)
+        self._snapshot_delivery = self._send_snapshot(round, latest_only=False, snapshot=snapshot, weight=self.weight,
+                                                      track=self.flat.device.type == "cpu")
         self._pending = (round, snapshot, self.weight, self._kept_share(round))
 
     def _gossip_in_place(self) -> None:
@@ -141,6 +143,15 @@ class SyncGossip(GossipAverager):
         if delivery is not None and not delivery.wait(min(SEND_GRACE, self.config.round_timeout)):
             self.flat.relocate()
             self.relocated += 1
+
+    def _snapshot_sent(self) -> bool:
+        """Overlap: has ZeroMQ let go of the snapshot we sent last (to every destination)? With fixed
+        deadlines we have every neighbour's message of that round, so each neighbour is reading ours now:
+        wait for that up to ``SEND_GRACE`` (then a fresh snapshot). Adaptive deadlines do not wait for a
+        neighbour, nor for its reading."""
+        delivery, self._snapshot_delivery = self._snapshot_delivery, None
+        grace = 0.0 if self.adaptive else min(SEND_GRACE, self.config.round_timeout)
+        return delivery is not None and delivery.wait(grace)
 
     def _kept_share(self, round: int) -> float:
         """W_ii plus the shares of the out-neighbours we did not send to (dead): push-sum mass stays with us
@@ -211,8 +222,11 @@ class SyncGossip(GossipAverager):
             terms = [(credit / total - 1.0, list(self.flat.views()))] if credit != total else []
             terms.append(((keep * own_weight - credit) / total, own))
         terms += [(mass / total, chunks) for mass, chunks in arrived if mass > 0]
+        # the next snapshot overwrites this one, block by block after reading it, once ZeroMQ has sent it:
+        # no new model-sized allocation per round
+        into = own if take_snapshot and own is not None and self._snapshot_sent() else None
         with self._timed_mix():
-            snapshot = self.flat.combine_(terms, snapshot=take_snapshot)
+            snapshot = self.flat.combine_(terms, snapshot=take_snapshot, into=into)
         self.weight = total
         self.rounds = round + 1
         return snapshot
