@@ -2,10 +2,11 @@
 
     python bench/ddp.py --nodes 8 --steps 400 --speeds 1,1,1,1,1,1,1,0.25 --compute-ms 50 --out DIR
 
-Starts one real process per rank (``python bench/ddp.py --rank R ...``), each training the digits task's
-model on its own shard with the same initial weights, minibatches, learning rate and momentum as a gossip
-peer (built from the same pieces as ``gossip.tasks.digits.make_task``, but with the forward pass through
-the DDP wrapper), so the runs differ only in how the gradients or weights meet.
+Starts one real process per rank (``python bench/ddp.py --rank R ...``), each training the model of the
+digits task (``--task digits``, the default) or of ``digits-wide`` (``--task digits-wide``) on its own
+shard with the same initial weights, minibatches, learning rate and momentum as a gossip peer (built from
+the same pieces as ``gossip.tasks.digits.make_task``, but with the forward pass through the DDP wrapper),
+so the runs differ only in how the gradients or weights meet.
 Every step emulates the same accelerator time as ``python -m launch --compute-ms``: a sleep of
 compute_ms / speed plus (1 / speed - 1) times the rank's own compute, so a rank at speed 0.25 takes four
 times as long and, because every all-reduce waits for every rank, so does every step of every rank. (The
@@ -31,12 +32,15 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from gossip.metrics import EventLog
-from gossip.tasks.digits import batches, evaluator, load_split, make_model, shard
+from gossip.tasks.digits import HIDDEN, WIDE_HIDDEN, batches, evaluator, load_split, make_model, shard
+
+TASKS = {"digits": HIDDEN, "digits-wide": WIDE_HIDDEN}  # task -> hidden widths, as the gossip task of that name
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--task", choices=TASKS, default="digits", help="the model: that of the gossip task")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--speeds", type=lambda text: [float(s) for s in text.split(",")], default=None)
     parser.add_argument("--compute-ms", type=float, default=50.0)
@@ -65,7 +69,7 @@ def rank_main(args: argparse.Namespace) -> None:
                             world_size=args.nodes, timeout=datetime.timedelta(seconds=120))
     x_train, y_train, x_test, y_test = load_split()
     mine = torch.from_numpy(shard(len(x_train), rank, args.nodes, args.seed))
-    model = make_model(args.seed)
+    model = make_model(args.seed, x_train.shape[1], TASKS[args.task])
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's weights: a start barrier
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     stream = batches(x_train[mine], y_train[mine], args.batch_size, args.seed * 1000 + rank)
@@ -100,7 +104,7 @@ def time_compute(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Te
 
 def launch(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
-    common = [sys.executable, __file__, "--nodes", str(args.nodes), "--steps", str(args.steps),
+    common = [sys.executable, __file__, "--nodes", str(args.nodes), "--task", args.task, "--steps", str(args.steps),
               "--speeds", ",".join(map(str, args.speeds)), "--compute-ms", str(args.compute_ms),
               "--eval-every", str(args.eval_every), "--lr", str(args.lr), "--momentum", str(args.momentum),
               "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--port", str(args.port),

@@ -20,6 +20,8 @@ accuracy at time t is the mean over peers of each one's latest test evaluation (
 own steps; DDP: rank 0, whose model every rank shares). "Over the link" counts the bytes that left both
 ends of the limited veth during the row. The link itself is measured first with one TCP stream.
 Results: ``--out`` (default ``bench/results/multihost``), one directory per row and ``results.json``.
+``bench/slowlink.py`` runs its rows (another task, one peer per host, ``--compress``) through the same
+functions (``benchmark``, ``run_gossip``, ``run_ddp``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,23 +46,29 @@ from tests import netns  # noqa: E402 - the namespaces the tests make
 from tests.conftest import free_base_port  # noqa: E402
 
 
-def run_gossip(hosts: netns.TwoHosts, out: Path, mode: str, args: argparse.Namespace) -> None:
-    command = [sys.executable, "-m", "launch", "--hosts", f"{hosts.wan[0]}:2,{hosts.wan[1]}:2",
-               "--remote-shell", str(hosts.shell), "--mode", mode, "--steps", str(args.steps),
+def run_gossip(hosts: netns.TwoHosts, out: Path, mode: str, args: argparse.Namespace, per_host: int = 2,
+               task: str = "digits", extra: tuple[str, ...] = ()) -> None:
+    """``per_host`` peers on each host training ``task``; ``extra``: more launcher flags."""
+    command = [sys.executable, "-m", "launch", "--hosts", f"{hosts.wan[0]}:{per_host},{hosts.wan[1]}:{per_host}",
+               "--remote-shell", str(hosts.shell), "--mode", mode, "--task", task, "--steps", str(args.steps),
                "--compute-ms", str(args.compute_ms), "--eval-every", str(args.eval_every), "--seed", str(args.seed),
-               "--out", str(out), "--progress", "off", "--no-plot", "--base-port", str(free_base_port(5))]
+               "--out", str(out), "--progress", "off", "--no-plot", "--base-port", str(free_base_port(5)), *extra]
     subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, timeout=1800)
 
 
-def run_ddp(hosts: netns.TwoHosts, out: Path, args: argparse.Namespace) -> None:
+def run_ddp(hosts: netns.TwoHosts, out: Path, args: argparse.Namespace, per_host: int = 2,
+            task: str = "digits") -> None:
+    """``per_host`` ranks on each host training ``task``'s model (``bench/ddp.py``)."""
     out.mkdir(parents=True)
-    common = [sys.executable, str(ROOT / "bench" / "ddp.py"), "--nodes", "4", "--steps", str(args.steps),
-              "--compute-ms", str(args.compute_ms), "--eval-every", str(args.eval_every), "--seed", str(args.seed),
-              "--master-addr", hosts.wan[0], "--port", str(free_base_port(1)), "--out", str(out)]
+    nodes = 2 * per_host
+    common = [sys.executable, str(ROOT / "bench" / "ddp.py"), "--nodes", str(nodes), "--task", task,
+              "--steps", str(args.steps), "--compute-ms", str(args.compute_ms), "--eval-every", str(args.eval_every),
+              "--seed", str(args.seed), "--master-addr", hosts.wan[0], "--port", str(free_base_port(1)),
+              "--out", str(out)]
     procs = []
     try:
-        for rank in range(4):
-            host = rank // 2
+        for rank in range(nodes):
+            host = rank // per_host
             env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": hosts.wan_devices[host]}
             with open(out / f"peer-{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(hosts.exec(host, [*common, "--rank", str(rank)]), cwd=ROOT, env=env,
@@ -74,10 +83,10 @@ def run_ddp(hosts: netns.TwoHosts, out: Path, args: argparse.Namespace) -> None:
                 p.wait(10)
 
 
-def analyse(out: Path, target: float) -> dict:
+def analyse(out: Path, target: float, peers: int = 4) -> dict:
     """Time to ``target`` (mean over peers of their latest evaluations), final mean accuracy, run time."""
     events = [[json.loads(line) for line in (out / f"peer-{r}.jsonl").read_text().splitlines() if line.strip()]
-              for r in range(4)]
+              for r in range(peers)]
     t0 = min(e["time"] for peer in events for e in peer if e["event"] == "ready")
     curve = mean_accuracy_curve(events, t0)
     ends = [next(e for e in peer if e["event"] == "end") for peer in events]
@@ -96,10 +105,50 @@ def table(results: dict, target: float) -> str:
     lines = [f"| variant | time to {target:.2f} | final test accuracy (mean over peers) | run time | over the link |",
              "| --- | --- | --- | --- | --- |"]
     for name, row in results["rows"].items():
+        if "failed" in row:
+            lines.append(f"| {name} | failed | | | {row['link_bytes'] / 1e6:.1f} MB |")
+            continue
         hit = "not reached" if row["time_to_target"] is None else f"{row['time_to_target']:.1f} s"
         lines.append(f"| {name} | {hit} | {row['final_accuracy']:.4f} | {row['wall_seconds']:.1f} s | "
                      f"{row['link_bytes'] / 1e6:.1f} MB |")
     return "\n".join(lines)
+
+
+Rows = Callable[[netns.TwoHosts], dict[str, tuple[str, Callable[[Path], None]]]]
+
+
+def benchmark(parser: argparse.ArgumentParser, args: argparse.Namespace, rows: Rows, peers: int) -> None:
+    """Make the two hosts, measure the link, run each of ``rows(hosts)`` (name -> (directory under ``args.out``,
+    run writing ``peers`` event logs there)) one after the other, then write results.json and print the table.
+    A row that fails is reported as failed and the others still run; the exit status is then 1."""
+    if (reason := netns.unavailable()) is not None:
+        parser.error(f"cannot make the two hosts: {reason}")
+    if args.out.exists() and any(args.out.iterdir()):
+        parser.error(f"{args.out} is not empty; remove it or pass another --out")
+    args.out.mkdir(parents=True, exist_ok=True)
+    began = time.time()
+    with tempfile.TemporaryDirectory(prefix="gw6-") as scratch, netns.two_hosts(Path(scratch), args.rate) as hosts:
+        results = {"rate": args.rate, "link_bytes_per_second": netns.throughput(hosts, hosts.wan[1], 16 << 20,
+                                                                                  free_base_port(1)),
+                   "args": {k: str(v) for k, v in vars(args).items()}, "rows": {}}
+        print(f"link: one TCP stream {results['link_bytes_per_second'] * 8 / 1e6:.1f} Mbit/s", flush=True)
+        for name, (directory, run) in rows(hosts).items():
+            print(f"{name} ...", flush=True)
+            out, before, started = args.out / directory, link_bytes(hosts), time.time()
+            try:
+                run(out)
+                row = analyse(out, args.target, peers)
+            except (subprocess.SubprocessError, RuntimeError, OSError, ValueError, KeyError, StopIteration,
+                    ZeroDivisionError) as exc:
+                print(f"{name} failed: {exc!r}; its output is in {out}", flush=True)
+                row = {"failed": repr(exc), "seconds": time.time() - started}
+            results["rows"][name] = {**row, "link_bytes": link_bytes(hosts) - before}
+    results["machine"] = f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    print(table(results, args.target))
+    print(f"\nbench time {time.time() - began:.0f} s; {results['machine']}")
+    if any("failed" in row for row in results["rows"].values()):
+        sys.exit(1)
 
 
 def main() -> None:
@@ -112,30 +161,10 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "multihost")
     args = parser.parse_args()
-    if (reason := netns.unavailable()) is not None:
-        parser.error(f"cannot make the two hosts: {reason}")
-    if args.out.exists() and any(args.out.iterdir()):
-        parser.error(f"{args.out} is not empty; remove it or pass another --out")
-    args.out.mkdir(parents=True, exist_ok=True)
-    began = time.time()
-    with tempfile.TemporaryDirectory(prefix="gw6-") as scratch, netns.two_hosts(Path(scratch), args.rate) as hosts:
-        results = {"rate": args.rate, "link_bytes_per_second": netns.throughput(hosts, hosts.wan[1], 16 << 20,
-                                                                                  free_base_port(1)),
-                   "args": {k: str(v) for k, v in vars(args).items()}, "rows": {}}
-        print(f"link: one TCP stream {results['link_bytes_per_second'] * 8 / 1e6:.1f} Mbit/s", flush=True)
-        runs = {"gossip-sync": lambda out: run_gossip(hosts, out, "gossip-sync", args),
-                "gossip-async": lambda out: run_gossip(hosts, out, "gossip-async", args),
-                "DDP (gloo)": lambda out: run_ddp(hosts, out, args)}
-        for name, run in runs.items():
-            print(f"{name} ...", flush=True)
-            out = args.out / name.split()[0].lower()
-            before = link_bytes(hosts)
-            run(out)
-            results["rows"][name] = {**analyse(out, args.target), "link_bytes": link_bytes(hosts) - before}
-    results["machine"] = f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    print(table(results, args.target))
-    print(f"\nbench time {time.time() - began:.0f} s; {results['machine']}")
+    benchmark(parser, args, lambda hosts: {
+        "gossip-sync": ("gossip-sync", lambda out: run_gossip(hosts, out, "gossip-sync", args)),
+        "gossip-async": ("gossip-async", lambda out: run_gossip(hosts, out, "gossip-async", args)),
+        "DDP (gloo)": ("ddp", lambda out: run_ddp(hosts, out, args))}, peers=4)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ class Flag(NamedTuple):
 TABLE: list[Flag] = [
     Flag("--nodes", "nodes", RUN, "number of local peer processes", LAUNCH),
     Flag("--mode", "mode", RUN, "averaging mode: " + ", ".join(MODES)),
-    Flag("--task", "task", RUN, "digits, consensus, or package.module:function (see gossip.tasks)"),
+    Flag("--task", "task", RUN, "digits, digits-wide, mnist, consensus, or package.module:function (see "
+                                "gossip.tasks)"),
     Flag("--steps", "steps", RUN, "local training steps per peer"),
     Flag("--out", "out", RUN, "output directory (default: runs/<date-time>)"),
     Flag("--seed", "seed", RUN, "seed of model init, shards, batches and random topologies"),

