@@ -44,20 +44,22 @@ def encode_difference_(codec: str, current: torch.Tensor, public: torch.Tensor) 
     return frames
 
 
-def add_decoded_(target: torch.Tensor, codec: str, frames: list[torch.Tensor], alpha: float = 1.0) -> None:
-    """target += alpha * decode(frames): one row's frames, as ``encode_difference_`` made them."""
+def add_decoded_(target: torch.Tensor, codec: str, frames: list[torch.Tensor]) -> None:
+    """target += decode(frames): one row's frames, as ``encode_difference_`` made them (received
+    frames are in host memory; a GPU target gets them copied over first)."""
+    frames = [frame.to(target.device, non_blocking=True) for frame in frames]
     if codec == "float16":
-        target.add_(frames[0], alpha=alpha)
+        target.add_(frames[0])
         return
     values, scales = frames
     full = values.numel() // INT8_BLOCK * INT8_BLOCK
-    decoded = torch.empty(values.numel(), dtype=torch.float32)
+    decoded = torch.empty(values.numel(), dtype=torch.float32, device=target.device)
     if full:
         blocks = decoded[:full].view(-1, INT8_BLOCK)
         blocks.copy_(values[:full].view(-1, INT8_BLOCK)).mul_(scales[:full // INT8_BLOCK, None])
     if full < values.numel():
         decoded[full:].copy_(values[full:]).mul_(scales[-1])
-    target.add_(decoded, alpha=alpha)
+    target.add_(decoded)
 
 
 def _quantize_int8(difference: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

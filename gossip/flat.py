@@ -129,12 +129,15 @@ class FlatParams:
             _repoint(module, attr, views[index])
 
     def combine_(self, terms: list[tuple[float, list[torch.Tensor]]], snapshot: bool = False,
-                 into: list[torch.Tensor] | None = None) -> list[torch.Tensor] | None:
+                 into: list[torch.Tensor] | None = None,
+                 release: list[list[torch.Tensor | None]] = ()) -> list[torch.Tensor] | None:
         """weights += sum(alpha * chunks for alpha, chunks in terms); with ``snapshot``, also return a copy
         of the result as ``snapshot()`` would, written ``into`` those chunks when given (on the CPU; they
         may be one of the terms: each block of it is read before it is overwritten). The first term may
         be the weights themselves (``views()``), which scales them; a later one would see them already
-        changed.
+        changed. Each list in ``release`` (received messages' chunks, also among the terms) gives up its
+        chunk for a frame as soon as that frame is mixed, so a message's memory goes back to the heap
+        during the mix, for the messages of the next round that arrive meanwhile.
 
         On the CPU this goes block by block (``MIX_BLOCK_BYTES``): every term is added to a block while it
         is still in cache, and the snapshot copies it from there, instead of one pass over the whole model
@@ -144,6 +147,8 @@ class FlatParams:
         if self.device.type != "cpu":
             for alpha, chunks in terms:
                 self.add_(chunks, alpha)
+            for chunks in release:
+                chunks[:] = [None] * len(chunks)
             return self.snapshot() if snapshot else None
         copies = []
         for index, view in enumerate(self.views()):
@@ -156,6 +161,8 @@ class FlatParams:
                 if copy is not None:
                     copy[start:start + block].copy_(target)
             copies.append(copy)
+            for chunks in release:
+                chunks[index] = None
         return copies if snapshot else None
 
     def add_(self, chunks: list[torch.Tensor], alpha: float) -> None:

@@ -194,8 +194,10 @@ def test_combine_writes_the_snapshot_into_a_term_it_has_read(monkeypatch, block_
     terms = lambda target, own: [(-0.5, list(target.views())), (0.3, own), (0.2, a)]  # noqa: E731
     expected = twin.combine_(terms(twin, [c.clone() for c in own]), snapshot=True)
     pointers = [c.data_ptr() for c in own]
-    copies = flat.combine_(terms(flat, own), snapshot=True, into=own)
+    received = [c.clone() for c in a]
+    copies = flat.combine_([*terms(flat, own)[:2], (0.2, received)], snapshot=True, into=own, release=[received])
     assert [c.data_ptr() for c in copies] == pointers  # no new buffer
+    assert received == [None] * len(a)  # each frame given up once mixed
     for mine, theirs in zip(copies + list(flat.views()), expected + list(twin.views()), strict=True):
         assert torch.equal(mine, theirs)
 

@@ -226,7 +226,8 @@ class SyncGossip(GossipAverager):
         # no new model-sized allocation per round
         into = own if take_snapshot and own is not None and self._snapshot_sent() else None
         with self._timed_mix():
-            snapshot = self.flat.combine_(terms, snapshot=take_snapshot, into=into)
+            snapshot = self.flat.combine_(terms, snapshot=take_snapshot, into=into,
+                                          release=[chunks for _, chunks in arrived])
         self.weight = total
         self.rounds = round + 1
         return snapshot
