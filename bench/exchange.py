@@ -5,7 +5,8 @@ Three implementations of the same round, measured in the same run on the same ma
 - ``gossip``: this project: ``gossip.attach`` on a model of the given size, gossip-sync on a ring, one
   ``averager.step()`` per round (snapshot copy, send in 8 MiB frames, receive, mix chunk by chunk).
   ``gossip-no-overlap``: the same with ``overlap=False``: the weights themselves are sent uncopied, and
-  the round is mixed in place before ``step()`` returns. Peers on one host reach each other over a Unix
+  the round is mixed in place before ``step()`` returns. ``gossip-float16`` and ``gossip-int8``: compressed
+  gossip (``--compress``), which sends the encoded change of a public copy instead of the weights. Peers on one host reach each other over a Unix
   socket by default (``--ipc``); the ``-tcp`` variants (``ipc=False``) use TCP loopback, as between hosts.
 - ``pyzmq``: a plain pyzmq exchange of the same bytes as one zero-copy frame (DEALER -> ROUTER), then the
   same mix. ``pyzmq-frames``: the same bytes in 8 MiB frames, checked for NaN/Inf, mixed block by block;
@@ -57,14 +58,14 @@ def mix(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def run_gossip(rank: int, numel: int, rounds: int, warmup: int, port: int, secure: str = "",
-               overlap: bool = True, ipc: bool = True) -> float:
+               overlap: bool = True, ipc: bool = True, compress: str = "none") -> float:
     import gossip
 
     model = torch.nn.Linear(1, 1, bias=False)
     model.weight = torch.nn.Parameter(torch.full((numel,), float(rank)))
     mark_baseline()
     with gossip.attach(model, rank=rank, world_size=WORLD, base_port=port, topology="ring",
-                       secure=secure, overlap=overlap, ipc=ipc) as averager:
+                       secure=secure, overlap=overlap, ipc=ipc, compress=compress) as averager:
         for _ in range(warmup):
             averager.step()
         begin = time.perf_counter()
@@ -195,6 +196,8 @@ RUNNERS = {"gossip": run_gossip, "gossip-no-overlap": partial(run_gossip, overla
            "pyzmq": run_pyzmq, "pyzmq-frames": run_pyzmq_frames,
            "pyzmq-frames-ipc": partial(run_pyzmq_frames, ipc=True),
            "gloo": run_gloo, "gloo-exchange": partial(run_gloo, mixing=False),
+           "gossip-float16": partial(run_gossip, compress="float16"),  # --compress: CHOCO-gossip
+           "gossip-int8": partial(run_gossip, compress="int8"),
            # CurveZMQ on every socket (--secure): encryption and authentication
            "gossip-secure": partial(run_gossip, secure=str(KEYDIR))}
 
@@ -284,6 +287,7 @@ LABELS = {"gossip": "gossip round", "gossip-no-overlap": "gossip round, --no-ove
           "pyzmq": "pyzmq, one frame + mix", "pyzmq-frames": "pyzmq, 8 MiB frames, checked, + mix",
           "pyzmq-frames-ipc": "pyzmq, 8 MiB frames, checked, + mix, ipc",
           "gloo": "gloo + mix", "gloo-exchange": "gloo exchange only",
+          "gossip-float16": "gossip round, --compress float16", "gossip-int8": "gossip round, --compress int8",
           "gossip-secure": "gossip round, --secure"}
 
 

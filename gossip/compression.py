@@ -29,46 +29,48 @@ def bits_per_value(codec: str) -> float:
     return {"none": 32.0, "float16": 16.0, "int8": 8.0 + 32.0 / INT8_BLOCK}[codec]
 
 
-def encode_difference_(codec: str, current: torch.Tensor, public: torch.Tensor) -> list[torch.Tensor]:
+def scratch_numel(numel: int) -> int:
+    """Elements of the scratch buffer that encoding or decoding a row of ``numel`` values needs."""
+    return -(-numel // INT8_BLOCK) * INT8_BLOCK
+
+
+def encode_difference_(codec: str, current: torch.Tensor, public: torch.Tensor,
+                       scratch: torch.Tensor) -> list[torch.Tensor]:
     """The frames of compress(current - public), for one row of the frame plan; ``public`` (float32, or
     float64 for float64 weights) then moves by exactly what the frames decode to, as every receiver's copy
-    of it will."""
-    difference = current.to(public.dtype) - public  # a new tensor: ours to send
+    of it will. ``scratch``: a buffer of public's dtype and device, at least ``scratch_numel`` long, so
+    that a round allocates only its frames."""
+    n = current.numel()
+    work = scratch[:scratch_numel(n)]
+    torch.sub(current, public, out=work[:n])
     if codec == "float16":
-        frames = [difference.clamp_(-FLOAT16_MAX, FLOAT16_MAX).to(torch.float16)]
+        frames = [work[:n].clamp_(-FLOAT16_MAX, FLOAT16_MAX).to(torch.float16)]
     elif codec == "int8":
-        frames = list(_quantize_int8(difference))
+        work[n:].zero_()
+        frames = list(_quantize_int8(work, n))
     else:
         raise ValueError(f"unknown codec {codec!r}")
-    add_decoded_(public, codec, frames)
+    add_decoded_(public, codec, frames, scratch)
     return frames
 
 
-def add_decoded_(target: torch.Tensor, codec: str, frames: list[torch.Tensor]) -> None:
-    """target += decode(frames): one row's frames, as ``encode_difference_`` made them (received
-    frames are in host memory; a GPU target gets them copied over first)."""
+def add_decoded_(target: torch.Tensor, codec: str, frames: list[torch.Tensor], scratch: torch.Tensor) -> None:
+    """target += decode(frames): one row's frames, as ``encode_difference_`` made them (received frames
+    are in host memory; a GPU target gets them copied over first). ``scratch`` as for encoding."""
     frames = [frame.to(target.device, non_blocking=True) for frame in frames]
-    if codec == "float16":
-        target.add_(frames[0])
-        return
-    values, scales = frames
-    full = values.numel() // INT8_BLOCK * INT8_BLOCK
-    decoded = torch.empty(values.numel(), dtype=torch.float32, device=target.device)
-    if full:
-        blocks = decoded[:full].view(-1, INT8_BLOCK)
-        blocks.copy_(values[:full].view(-1, INT8_BLOCK)).mul_(scales[:full // INT8_BLOCK, None])
-    if full < values.numel():
-        decoded[full:].copy_(values[full:]).mul_(scales[-1])
-    target.add_(decoded)
+    n = frames[0].numel()
+    decoded = scratch[:scratch_numel(n)]
+    decoded[:n].copy_(frames[0])  # (an add of mixed dtypes would make a converted copy of its own)
+    if codec == "int8":
+        decoded.view(-1, INT8_BLOCK).mul_(frames[1][:, None])  # (the padding beyond n is scaled and ignored)
+    target.add_(decoded[:n])
 
 
-def _quantize_int8(difference: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 values, float32 scales) of ``difference`` (float32 or float64, consumed), block by block."""
-    n = difference.numel()
-    blocks = -(-n // INT8_BLOCK)
-    padded = difference if n == blocks * INT8_BLOCK else torch.cat([difference, difference.new_zeros(blocks * INT8_BLOCK - n)])
-    padded = padded.view(blocks, INT8_BLOCK)
-    scales = padded.abs().amax(dim=1).to(torch.float32).div_(127.0).clamp_(max=MAX_INT8_SCALE)
-    inverse = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))
-    values = padded.mul_(inverse[:, None]).round_().clamp_(-127, 127).to(torch.int8).view(-1)[:n]
-    return values.clone() if values.numel() != blocks * INT8_BLOCK else values, scales
+def _quantize_int8(work: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values, float32 scales) of the first ``n`` of ``work`` (zero-padded to whole blocks, consumed)."""
+    blocks = work.view(-1, INT8_BLOCK)
+    low, high = torch.aminmax(blocks, dim=1)
+    scales = torch.maximum(high, low.neg_()).to(torch.float32).div_(127.0).clamp_(max=MAX_INT8_SCALE)
+    inverse = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales)).to(work.dtype)
+    blocks.mul_(inverse[:, None]).round_().clamp_(-127, 127)
+    return work[:n].to(torch.int8), scales

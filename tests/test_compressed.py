@@ -16,7 +16,7 @@ import torch
 
 import gossip
 import topologies
-from gossip.compression import FLOAT16_MAX, add_decoded_, bits_per_value, encode_difference_
+from gossip.compression import FLOAT16_MAX, add_decoded_, bits_per_value, encode_difference_, scratch_numel
 from gossip.config import GossipConfig, RunConfig
 from gossip.errors import ConfigError, ProtocolError
 from gossip.net.wire import INT8_BLOCK, MAX_INT8_SCALE, Header, Layout, decode, encode, params_header
@@ -42,10 +42,15 @@ def message(codec: str, seed: int = 0) -> tuple[list, list[torch.Tensor], torch.
     plan = layout(codec).frame_plan(CHUNK)
     frames = []
     for _, start, stop in plan:
-        frames += encode_difference_(codec, current[start:stop], public[start:stop])
+        frames += encode_difference_(codec, current[start:stop], public[start:stop], scratch(NUMEL))
     kind = {"float16": "delta-f16", "int8": "delta-i8"}[codec]
     header = params_header(kind, 1, layout(codec), CHUNK)
     return [bytes(f) for f in encode(header, frames)], public, current
+
+
+def scratch(numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A work buffer holding garbage, as a reused one would."""
+    return torch.full((scratch_numel(numel),), float("nan"), dtype=dtype)
 
 
 def replay(frames: list, codec: str) -> torch.Tensor:
@@ -54,7 +59,7 @@ def replay(frames: list, codec: str) -> torch.Tensor:
     replica = torch.zeros(NUMEL)
     per_row = 2 if codec == "int8" else 1
     for index, (_, start, stop) in enumerate(layout(codec).frame_plan(CHUNK)):
-        add_decoded_(replica[start:stop], codec, decoded.chunks[index * per_row:(index + 1) * per_row])
+        add_decoded_(replica[start:stop], codec, decoded.chunks[index * per_row:(index + 1) * per_row], scratch(NUMEL))
     return replica
 
 
@@ -73,10 +78,10 @@ def test_the_receivers_replica_equals_the_senders_public_copy_bit_for_bit(codec)
 
 def test_what_a_message_rounds_away_goes_out_with_the_next():
     current, public = torch.tensor([1e5, -1e5, 3.0, 1e-9]), torch.zeros(4)
-    first = encode_difference_("float16", current, public)[0]
+    first = encode_difference_("float16", current, public, scratch(4))[0]
     assert first.tolist()[:2] == [FLOAT16_MAX, -FLOAT16_MAX]  # clipped, not inf
     for _ in range(3):
-        encode_difference_("float16", current, public)
+        encode_difference_("float16", current, public, scratch(4))
     assert public[:3].tolist() == pytest.approx([1e5, -1e5, 3.0], rel=1e-3)
 
 
@@ -162,14 +167,14 @@ def choco(start: np.ndarray, spec: str, rounds: int, codec: str, step: float = 1
     history = [start]
     replicas: dict[int, torch.Tensor] = {}
     for round in range(rounds):
-        sent = [encode_difference_(codec, x[i], public[i]) for i in range(len(x))]
+        sent = [encode_difference_(codec, x[i], public[i], scratch(len(x[i]), x[i].dtype)) for i in range(len(x))]
         w = topology.mixing_matrix(round)
         for i in range(len(x)):
             shares = 0.0
             for j in sorted(topology.in_neighbors(i, round)):
                 replica = replicas.setdefault(j, torch.zeros_like(x[j]))  # every copy of x^_j is the same
                 if i == min(topology.in_neighbors(j, round)):
-                    add_decoded_(replica, codec, sent[j])
+                    add_decoded_(replica, codec, sent[j], scratch(len(replica), replica.dtype))
                 x[i].add_(replica, alpha=step * float(w[i, j]))
                 shares += float(w[i, j])
             x[i].add_(public[i], alpha=-step * shares)

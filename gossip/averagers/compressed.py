@@ -41,7 +41,7 @@ import torch
 import topologies
 from gossip.averagers.mailboxes import RoundMailbox
 from gossip.averagers.sync import SyncGossip
-from gossip.compression import add_decoded_, encode_difference_
+from gossip.compression import add_decoded_, encode_difference_, scratch_numel
 from gossip.config import GossipConfig
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
@@ -61,6 +61,9 @@ class CompressedGossip(SyncGossip):
         self._frames_per_row = 2 if self.codec == "int8" else 1
         self.public = self._zeros()  # x^_i, per segment
         self.replicas = {j: self._zeros() for j in self.topology.in_neighbors(self.rank, 0)}  # x^_j
+        # one row's work space per dtype of the public copies
+        largest = max(scratch_numel(stop - start) for _, start, stop in self.flat.plan)
+        self._scratch = {p.dtype: torch.empty(largest, dtype=p.dtype, device=p.device) for p in self.public}
 
     def _zeros(self) -> list[torch.Tensor]:
         return [torch.zeros(s.numel(), dtype=torch.promote_types(s.dtype, torch.float32), device=s.device)
@@ -90,7 +93,8 @@ class CompressedGossip(SyncGossip):
         frames = []
         with self._timed_mix():
             for view, (segment, start, stop) in zip(self.flat.views(), self.flat.plan):
-                frames += encode_difference_(self.codec, view, self.public[segment][start:stop])
+                public = self.public[segment][start:stop]
+                frames += encode_difference_(self.codec, view, public, self._scratch[public.dtype])
         if self.flat.device.type != "cpu":
             frames = [frame.cpu() for frame in frames]
         header = self._payload_header(CODEC_KINDS[self.codec], round, weight=1.0)
@@ -115,7 +119,8 @@ class CompressedGossip(SyncGossip):
             for index, (view, (segment, start, stop)) in enumerate(zip(self.flat.views(), self.flat.plan)):
                 for share, replica, chunks in shares:
                     mine = replica[segment][start:stop]
-                    add_decoded_(mine, self.codec, chunks[index * per_row:(index + 1) * per_row])
+                    add_decoded_(mine, self.codec, chunks[index * per_row:(index + 1) * per_row],
+                                 self._scratch[mine.dtype])
                     view.add_(mine, alpha=step * share)
                 if shares:
                     view.add_(self.public[segment][start:stop], alpha=-step * sum(share for share, _, _ in shares))
