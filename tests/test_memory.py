@@ -60,7 +60,7 @@ def test_a_peer_holds_at_most_its_rounds_messages_and_one_snapshot(overlap):
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-    assert [value for *_, value in reports] == pytest.approx([1.0] * 3)  # averaged: (0 + 1 + 2) / 3
+    assert [value for *_, value in reports] == pytest.approx([1.0] * 3), reports  # averaged: (0 + 1 + 2) / 3
     models = (1 + 2 * IN_DEGREE) if overlap else 2 * IN_DEGREE
-    for rank, extra, _ in reports:
-        assert extra <= models * MODEL_MB + FIXED_MB, f"peer {rank} grew by {extra:.0f} MB"
+    grew = {rank: round(extra) for rank, extra, _ in reports}
+    assert max(grew.values()) <= models * MODEL_MB + FIXED_MB, f"peers grew by {grew} MB"
