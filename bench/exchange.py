@@ -203,11 +203,10 @@ RUNNERS = {"gossip": run_gossip, "gossip-no-overlap": partial(run_gossip, overla
 
 
 def _peer(variant: str, rank: int, numel: int, rounds: int, warmup: int, port: int, results: mp.Queue) -> None:
-    import resource
-
     torch.set_num_threads(1)
     elapsed = RUNNERS[variant](rank, numel, rounds, warmup, port)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    with open("/proc/self/status") as status:  # VmHWM: ru_maxrss would carry the spawning parent's size over
+        peak = int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) / 1024
     results.put((rank, elapsed, peak, peak - _baseline_mb))
 
 

@@ -102,10 +102,23 @@ def test_messages_from_one_sender_merge_without_losing_mass():
     box.deliver(None, message(flat, 2, 4, c, weight=2.0))
     held = box.take_all()
     assert held[1].mass == pytest.approx(0.25 * 1 + 0.25 * 3) and held[2].mass == pytest.approx(1.0)
-    torch.testing.assert_close(held[1].mass * held[1].chunks[0], 0.25 * a + 0.75 * b, rtol=0, atol=1e-14)
-    torch.testing.assert_close(held[2].chunks[0], c, rtol=0, atol=0)
+    assert [m for m, _ in held[1].parts] == [0.25, 0.75]  # unmerged, as sent
+    assert torch.equal(held[1].parts[0][1][0], a) and torch.equal(held[1].parts[1][1][0], b)
+    assert torch.equal(held[2].parts[0][1][0], c)
     assert box.take_all() == {} and box.received == {1: 2, 2: 1} and box.latest_round == {1: 1, 2: 4}
     assert [(s, r) for s, r, _ in box.take_arrivals()] == [(1, 0), (1, 1), (2, 4)]
+
+
+def test_a_sender_far_ahead_is_merged_without_losing_mass():
+    flat = layout_of(torch.zeros(5, dtype=torch.float64))
+    box = mailbox(flat, {1: 0.25})
+    a, b, c = (torch.randn(5, dtype=torch.float64) for _ in range(3))
+    for round, (values, weight) in enumerate([(a, 1.0), (b, 3.0), (c, 2.0)]):
+        box.deliver(None, message(flat, 1, round, values, weight=weight))
+    parts = box.take_all()[1].parts
+    assert len(parts) == 2 and sum(m for m, _ in parts) == pytest.approx(0.25 * (1 + 3 + 2))
+    total = sum(m * chunks[0] for m, chunks in parts)
+    torch.testing.assert_close(total, 0.25 * a + 0.75 * b + 0.5 * c, rtol=0, atol=1e-14)
 
 
 def test_a_replayed_round_and_a_stranger_are_refused():

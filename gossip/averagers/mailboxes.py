@@ -94,19 +94,37 @@ class RoundMailbox(Mailbox):
             return self._rounds.pop(round, {})
 
 
+MAX_PARTS = 2  # messages per sender held unmerged; one beyond is merged into the oldest on arrival
+
+
 @dataclass
 class Mass:
-    """Push-sum mass from one sender that is not mixed in yet: ``mass`` times the model ``chunks``."""
+    """Push-sum mass from one sender that is not mixed in yet: ``parts``, each a mass times model chunks,
+    mixed as terms of their own on the training thread. Only a sender more than ``MAX_PARTS`` messages
+    ahead of our mixing gets merged on arrival (on the loop thread), so memory stays bounded."""
 
-    mass: float
-    chunks: list[torch.Tensor]
+    parts: list[tuple[float, list[torch.Tensor]]]
+
+    @property
+    def mass(self) -> float:
+        return sum(mass for mass, _ in self.parts)
+
+    def add(self, mass: float, chunks: list[torch.Tensor]) -> None:
+        """Hold one more message; merging keeps the sum: m1 z1 + m2 z2 = (m1 + m2) lerp(z1, z2, m2 / (m1 + m2))."""
+        if len(self.parts) < MAX_PARTS:
+            self.parts.append((mass, chunks))
+            return
+        held, kept = self.parts[-1]
+        for mine, theirs in zip(kept, chunks, strict=True):
+            mine.lerp_(theirs, mass / (held + mass))
+        self.parts[-1] = (held + mass, kept)
 
 
 class MassMailbox(Mailbox):
     """Push-sum gossip (deadline mode): whatever a sender pushed to us and we have not mixed yet, from any
-    round, merged on arrival into one mass per sender, so memory stays one model per sender however far
-    ahead or behind it runs. Merging keeps the sum: m1 z1 + m2 z2 = (m1 + m2) lerp(z1, z2, m2 / (m1 + m2)).
-    """
+    round: at most ``MAX_PARTS`` messages per sender, the next merged into the latest (``Mass``), so memory
+    stays bounded however far ahead or behind a sender runs, and the merging (whole-model work) happens on
+    the loop thread only for a sender that far ahead. A message without mass is not held."""
 
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects, share: Share) -> None:
         super().__init__(rank, world_size, layout, expects)
@@ -134,13 +152,9 @@ class MassMailbox(Mailbox):
         self.received[sender] += 1
         self._arrivals.append((sender, round, time.monotonic()))
         mass = self.share(sender, round) * message.header.weight
-        held = self._pending.get(sender)
-        if held is None:
-            self._pending[sender] = Mass(mass, message.chunks)
-        elif mass > 0:
-            held.mass += mass
-            for mine, theirs in zip(held.chunks, message.chunks, strict=True):
-                mine.lerp_(theirs, mass / held.mass)
+        held = self._pending.setdefault(sender, Mass([]))
+        if mass > 0:
+            held.add(mass, message.chunks)
 
     def wait_for(self, round: int, deadlines: dict[int, float]) -> set[int]:
         """Wait until each sender's ``round`` message is in or its deadline (``time.monotonic()``) passed;

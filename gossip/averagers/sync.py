@@ -253,7 +253,7 @@ class SyncGossip(GossipAverager):
             else:
                 self._wait_deadlines(round, senders)
         self._note_arrivals(round)
-        return [(held.mass, held.chunks) for held in self.mailbox.take_all().values()]
+        return [part for held in self.mailbox.take_all().values() for part in held.parts]
 
     def _wait_deadlines(self, round: int, senders: tuple[int, ...]) -> None:
         start = self._wait_started[round] = time.monotonic()
