@@ -1,5 +1,5 @@
 """The gossip modes' mailboxes. Memory stays bounded: a sync mailbox keeps at most one message per sender
-for a window of rounds (``RoundMailbox``), a push-sum one one merged mass per sender (``MassMailbox``,
+for a window of rounds (``RoundMailbox``), a push-sum one at most two masses per sender (``MassMailbox``,
 ``PushSumMailbox``), the latest-snapshot rule only the latest message per sender (``LatestMailbox``).
 """
 

@@ -7,7 +7,7 @@ Deep Learning", ICML 2019) without its bound on delay, i.e. asynchronous gradien
 Every peer holds a model z_i and a push-sum weight w_i; x_i = w_i z_i is its part of the network's mass.
 At each mixing point (every ``gossip_every`` steps, or every round of ``--schedule time``) it adds
 whatever arrived since the last one, a message from j carrying the mass m_j = W_ij w_j^s of j's snapshot
-s_j (all that j pushed to us meanwhile, merged on arrival: ``MassMailbox``), credits the local progress
+s_j (all that j pushed to us meanwhile, in at most two parts: ``MassMailbox``), credits the local progress
 made since its own last snapshot s_i with mass c, and keeps the share k of that snapshot's mass:
 
     x_i = c (z_i - s_i) + k w_i^s s_i + sum_j m_j s_j,    w_i = k w_i^s + sum_j m_j,    z_i = x_i / w_i
