@@ -24,7 +24,7 @@ class QueueMailbox(Mailbox):
 
     def _file(self, message: Message) -> None:
         sender = message.header.sender
-        if not self.expects(sender, message.header.round):
+        if not self.expects(sender, message.header.version):
             raise ProtocolError("sender", f"peer {sender} is not a worker of this server")
         # A worker waits for its reply, so only a flood gets here; each sender has its own share, so one
         # flooding worker cannot crowd out the others' messages.

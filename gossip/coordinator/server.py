@@ -97,7 +97,7 @@ class ParameterServer:
                 self.finished.add(worker)
                 self._reply(self.core.leave(worker))
         elif self._plausible(message):
-            self._reply(self.core.submit(Contribution(worker, header.round, header.step, message.chunks,
+            self._reply(self.core.submit(Contribution(worker, header.version, header.step, message.chunks,
                                                       header.samples)))
 
     def _holds_contribution_of(self, worker: int) -> bool:
@@ -151,7 +151,7 @@ class ParameterServer:
     def _plausible(self, message: Message) -> bool:
         """A worker waits for our answer before its next contribution, and cannot have computed on a
         version we never sent: anything else is a replay or a lie, dropped and counted."""
-        worker, version = message.header.sender, message.header.round
+        worker, version = message.header.sender, message.header.version
         waiting = {c.worker for c in self.core.pending} | self.core.held
         reason = ("not-joined" if worker not in self.joined else "duplicate" if worker in waiting
                   else "version" if version > self.core.version else None)

@@ -55,7 +55,7 @@ class PSWorker(Averager):
         with self._timed_wait():
             message = self._wait_for_server(timeout)
         self.flat.copy_(message.chunks)
-        self.version = message.header.round
+        self.version = message.header.version
 
     def _wait_for_server(self, timeout: float) -> Message:
         """The server's answer. After ``timeout`` seconds of silence say hello: a live server that still

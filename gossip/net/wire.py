@@ -106,6 +106,11 @@ class Header:
     segments: tuple[tuple[str, int], ...] = ()  # (dtype, nbytes) per flat segment
     chunk_bytes: int = 0
 
+    @property
+    def version(self) -> int:
+        """The ps-* modes' name for ``round``: the server version the message was computed on or carries."""
+        return self.round
+
     def pack(self) -> bytes:
         return msgpack.packb({
             "v": PROTOCOL_VERSION, "k": self.kind, "r": self.sender, "round": self.round, "step": self.step,
