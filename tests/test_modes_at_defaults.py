@@ -21,3 +21,12 @@ def test_every_mode_trains_digits_at_its_defaults(launch_run, mode):
     assert summary["error"] is None and math.isfinite(summary["final_model"]["loss"])
     assert summary["accuracy"] >= 0.92, (mode, summary["accuracy"])
     assert all(p["steps"] == 300 for p in summary["peers"])
+
+
+@pytest.mark.parametrize("flags", [("--mode", "gossip-sync"), ("--mode", "gossip-async"), ("--compress", "int8")])
+def test_a_peer_alone_trains_on_all_the_data(launch_run, flags):
+    """``--nodes 1``: no neighbours, so every mixing point only counts (one process on all the data)."""
+    summary = launch_run(*flags, "--eval-every", "0", nodes=1).summary
+    assert summary["error"] is None and summary["peers"][0]["steps"] == 300
+    assert summary["accuracy"] >= 0.92, (flags, summary["accuracy"])
+

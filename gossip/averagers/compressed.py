@@ -39,6 +39,7 @@ import dataclasses
 import torch
 
 import topologies
+from gossip.averagers.base import log
 from gossip.averagers.mailboxes import RoundMailbox
 from gossip.averagers.sync import SyncGossip
 from gossip.compression import add_decoded_, encode_difference_, scratch_numel
@@ -60,7 +61,8 @@ class CompressedGossip(SyncGossip):
         self.codec = self.config.compress
         self._frames_per_row = 2 if self.codec == "int8" else 1
         self.public = self._zeros()  # x^_i, per segment
-        self.replicas = {j: self._zeros() for j in self.topology.in_neighbors(self.rank, 0)}  # x^_j
+        neighbours = self.topology.in_neighbors(self.rank, 0) if self.topology is not None else ()  # (None: alone)
+        self.replicas = {j: self._zeros() for j in neighbours}  # x^_j
         # one row's work space per dtype of the public copies
         largest = max(scratch_numel(stop - start) for _, start, stop in self.flat.plan)
         self._scratch = {p.dtype: torch.empty(largest, dtype=p.dtype, device=p.device) for p in self.public}
@@ -78,6 +80,16 @@ class CompressedGossip(SyncGossip):
     def _prepare_rejoin(self) -> None:
         raise ConfigError("--compress cannot rejoin a restarted peer: its neighbours' copies of its public model "
                           "died with it; run without --compress (or --max-restarts) to restart peers")
+
+    def _prune_dead(self) -> None:
+        """As ``GossipAverager._prune_dead``, except that a neighbour that started again stays out: the
+        replicas of its public copy died with it, so neither side could take the consensus step again."""
+        for peer in sorted(self.mailbox.take_restarted()):
+            self.dead.add(peer)
+            self.transport.forget(peer)
+            log.warning("peer %d: peer %d started again, but compressed gossip cannot take it back (its public "
+                        "copy is lost); going on without it", self.rank, peer)
+        super()._prune_dead()
 
     def _gossip(self) -> None:
         if self.config.overlap:
@@ -113,7 +125,8 @@ class CompressedGossip(SyncGossip):
         for j in self.dead & self.replicas.keys():  # a dead neighbour's term is gone for good
             del self.replicas[j]
         row, step = self.topology.mixing_matrix(round)[self.rank], self.config.consensus_step
-        shares = [(float(row[j]), self.replicas[j], message.chunks) for j, message in sorted(messages.items())]
+        shares = [(float(row[j]), self.replicas[j], message.chunks) for j, message in sorted(messages.items())
+                  if j in self.replicas]  # (not from a neighbour declared dead: its term is gone)
         per_row = self._frames_per_row
         with self._timed_mix():
             for index, (view, (segment, start, stop)) in enumerate(zip(self.flat.views(), self.flat.plan)):

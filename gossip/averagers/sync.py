@@ -101,7 +101,7 @@ class SyncGossip(GossipAverager):
         # In lockstep on a fixed undirected graph a neighbour is at most one round ahead of us (it needs our
         # message to finish each round); on a directed or time-varying one it can lead by as many rounds
         # as the graph's diameter, at most N - 1.
-        lockstep = not (self.topology.directed or self.topology.time_varying)
+        lockstep = self.topology is None or not (self.topology.directed or self.topology.time_varying)
         return RoundMailbox(self.rank, self.config.world_size, self.flat.layout, expects,
                             window=2 if lockstep else max(2, self.config.world_size))
 
