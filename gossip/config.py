@@ -427,6 +427,11 @@ def _check_compress(cfg: GossipConfig) -> None:
     if others:
         raise ConfigError(f"--compress {cfg.compress} cannot be combined with {others[0]}: compressed gossip mixes "
                           "the neighbours' public copies in lockstep rounds with the plain mean")
+    topology = build_topology(cfg.topology, cfg.world_size) if cfg.world_size > 1 else None
+    if topology is not None and (topology.directed or topology.time_varying):
+        raise ConfigError(f"--compress {cfg.compress} needs a fixed undirected topology (ring, torus, full, ...), "
+                          f"not {topology.spec}: each neighbour keeps a copy of our public model, built from every "
+                          "difference we ever sent it")
 
 
 def _check_aggregate(cfg: GossipConfig) -> None:
