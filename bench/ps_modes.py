@@ -116,7 +116,8 @@ def main() -> None:
     parser.add_argument("--compute-ms", type=float, default=5.0)
     parser.add_argument("--eval-every", type=int, default=10, help="server updates between evaluations")
     parser.add_argument("--dc-lambda0", type=float, default=2.0, help="lambda0 of DC-ASGD-a (the paper's 2)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="a comma-separated subset of the modes")
+    parser.add_argument("--variants", default=";".join(VARIANTS),
+                        help="a semicolon-separated subset of the modes (their names hold commas)")
     parser.add_argument("--heterogeneous", action="store_true",
                         help="speeds spread from 1 to 0.3 (default: equal speeds, as in the paper, where "
                              "staleness comes from asynchrony alone)")
@@ -125,7 +126,7 @@ def main() -> None:
     results: dict[int, dict[str, list[dict]]] = {}
     for workers in map(int, args.workers.split(",")):
         results[workers] = {}
-        for variant in args.variants.split(","):
+        for variant in args.variants.split(";"):
             results[workers][variant] = [
                 run(variant, workers, seed, args, args.out / f"{args.task}-n{workers}-{variant.split()[0]}-s{seed}")
                 for seed in map(int, args.seeds.split(","))]
