@@ -12,9 +12,12 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from gossip.compression import encode_difference_, scratch_numel
+from gossip.net.wire import Layout, encode, params_header
 from tests.conftest import ROOT, free_base_port, launcher_command, reap_peers, wait_until
 from tests.hostile import Stranger, forged, victim_layout
 
@@ -148,3 +151,49 @@ def test_a_stranger_cannot_end_or_skew_an_asynchronous_push_sum_run(tmp_path):
     assert dropped == {"weight": 2, "horizon": 1, "after-bye": 1, "bye-ack": 1}, dropped
     end = json.loads((out / "peer-0.jsonl").read_text().splitlines()[-1])
     assert end["forged_byes"] == 1  # peer 1's next message undid the bye (sent at once: it got our bye-ack)
+
+
+def _compressed(layout: Layout, codec: str, sender: int, round: int) -> list:
+    """A well-formed compressed message in ``sender``'s name: the change of a zero public copy to ones."""
+    frames = []
+    for _, start, stop in layout.frame_plan(8 << 20):
+        public = torch.zeros(stop - start)
+        frames += encode_difference_(codec, torch.ones(stop - start), public, torch.empty(scratch_numel(stop - start)))
+    kind = {"float16": "delta-f16", "int8": "delta-i8"}[codec]
+    return encode(params_header(kind, sender, layout, 8 << 20, round=round, step=round), frames)
+
+
+def test_a_stranger_cannot_move_a_compressed_run(tmp_path):
+    """Compressed gossip checks what it decodes as strictly as the weights: lying sizes and scales, NaN, the
+    other codec and the uncompressed kind are dropped before any replica moves, so the run (lockstep,
+    deterministic) ends bit-identical to the same run without the stranger."""
+    extra = ("--compress", "int8")
+    clean, attacked = tmp_path / "clean", tmp_path / "attacked"
+    launcher, _ = _start(clean, *extra)
+    assert _finish(launcher, clean)[0] == 0
+
+    launcher, base = _start(attacked, *extra)
+    layout = victim_layout(world_size=NODES)
+    stranger = Stranger(f"tcp://127.0.0.1:{base}")
+    try:
+        _wait_for_round(attacked, 5)
+        valid = _compressed(layout, "int8", 1, 7)
+        scales = np.frombuffer(bytes(valid[2]), dtype=np.float32)
+        lies = [valid[:2] + [np.array([bad] + list(scales[1:]), dtype=np.float32).tobytes()]
+                for bad in (np.nan, -1.0, np.inf, 1e30)]  # scale: NaN, negative, infinite, beyond 2^64 / 127
+        stranger.send(*lies,
+                      valid[:1] + [bytes(valid[1])[:-1]] + valid[2:],  # a values frame one byte short: length
+                      valid[:2],  # the scales left out: frames
+                      _compressed(layout, "float16", 1, 7),  # the other codec: named
+                      forged(layout, "params", 1, round=7))  # uncompressed weights: not this run's kind
+        code, stderr = _finish(launcher, attacked)
+    finally:
+        stranger.close()
+    assert code == 0, stderr[-3000:]
+    for rank in range(NODES):
+        mine = torch.load(attacked / f"model-{rank}.pt", weights_only=True)
+        theirs = torch.load(clean / f"model-{rank}.pt", weights_only=True)
+        for name in mine:
+            assert torch.equal(mine[name], theirs[name]), (rank, name)
+    dropped = json.loads((attacked / "summary.json").read_text())["peers"][0]["dropped"]
+    assert dropped == {"scale": 4, "length": 1, "frames": 1, "codec": 1, "kind": 1}, dropped
