@@ -172,7 +172,7 @@ class Transport:
         self._router = router
         loop = asyncio.get_running_loop()
         self._monitor = router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
-        self._guards = [loop.create_task(self._watch_inbound(self._monitor)), loop.create_task(self._guard_forever())]
+        self._guards = [loop.create_task(self._guard_forever())]
         self._receiver = loop.create_task(self._receive_forever(router))
         self._failed = loop.create_future()
         for task in (self._receiver, *self._guards):
@@ -380,6 +380,8 @@ class Transport:
             self.bytes_received += nbytes
             valid = False
             fd = identity.get(zmq.SRCFD)
+            if self.guard.serial(fd) is None:  # its accept event is queued already (sent before any message)
+                self._drain_inbound_events()
             try:
                 self._handler(self._authenticated(identity), frames, self.guard.serial(fd))
                 valid = True
@@ -409,9 +411,17 @@ class Transport:
         rank = self.keys.rank_of(identity.get("User-Id") or "") if self.keys is not None else None
         return f"peer {rank}" if rank is not None else f"connection {identity.bytes.hex()}"
 
-    async def _watch_inbound(self, monitor: zmq.asyncio.Socket) -> None:
+    def _drain_inbound_events(self) -> None:
+        """Hand the ROUTER's queued connection events (accepted, closed) to the guard, in order, without
+        waiting. ZeroMQ queues a connection's accept event before any of its messages can be read, so a
+        message whose descriptor the guard does not know yet calls this first and then finds its
+        connection named: a hello is never judged without knowing which connection it came on. The one
+        reader of the monitor, so events are never handled out of order."""
         while True:
-            event = parse_monitor_message(await monitor.recv_multipart())
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK).result())
+            except zmq.Again:
+                return
             if event["event"] == zmq.EVENT_ACCEPTED:
                 self.guard.accepted(int(event["value"]))
             else:
@@ -420,6 +430,7 @@ class Transport:
     async def _guard_forever(self) -> None:
         while True:
             await asyncio.sleep(CHECK_SECONDS)
+            self._drain_inbound_events()
             self.guard.check()
 
     def _note_failure(self, task: asyncio.Task[None]) -> None:
