@@ -55,6 +55,16 @@ def _wait_for_round(out: Path, round: int, timeout: float = 60, log: str = "peer
     wait_until(reached, timeout, f"{log} to reach {field} {round}")
 
 
+def _assert_same_models(attacked: Path, clean: Path) -> None:
+    """Every peer's final model of the attacked run is bit-identical to the clean run's."""
+    for rank in range(NODES):
+        mine = torch.load(attacked / f"model-{rank}.pt", weights_only=True)
+        theirs = torch.load(clean / f"model-{rank}.pt", weights_only=True)
+        assert mine.keys() == theirs.keys()
+        for name in mine:
+            assert torch.equal(mine[name], theirs[name]), (rank, name)
+
+
 def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
     clean, attacked = tmp_path / "clean", tmp_path / "attacked"
     launcher, _ = _start(clean)
@@ -81,12 +91,7 @@ def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
     finally:
         stranger.close()
     assert code == 0, stderr[-3000:]
-    for rank in range(NODES):
-        mine = torch.load(attacked / f"model-{rank}.pt", weights_only=True)
-        theirs = torch.load(clean / f"model-{rank}.pt", weights_only=True)
-        assert mine.keys() == theirs.keys()
-        for name in mine:
-            assert torch.equal(mine[name], theirs[name]), (rank, name)
+    _assert_same_models(attacked, clean)
     peers = json.loads((attacked / "summary.json").read_text())["peers"]
     victim = peers[0]
     dropped = victim["dropped"]
@@ -190,10 +195,6 @@ def test_a_stranger_cannot_move_a_compressed_run(tmp_path):
     finally:
         stranger.close()
     assert code == 0, stderr[-3000:]
-    for rank in range(NODES):
-        mine = torch.load(attacked / f"model-{rank}.pt", weights_only=True)
-        theirs = torch.load(clean / f"model-{rank}.pt", weights_only=True)
-        for name in mine:
-            assert torch.equal(mine[name], theirs[name]), (rank, name)
+    _assert_same_models(attacked, clean)
     dropped = json.loads((attacked / "summary.json").read_text())["peers"][0]["dropped"]
     assert dropped == {"scale": 4, "length": 1, "frames": 1, "codec": 1, "kind": 1}, dropped
