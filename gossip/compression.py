@@ -20,13 +20,7 @@ import torch
 
 from gossip.net.wire import INT8_BLOCK, MAX_INT8_SCALE
 
-CODECS = ("none", "float16", "int8")
 FLOAT16_MAX = float(torch.finfo(torch.float16).max)
-
-
-def bits_per_value(codec: str) -> float:
-    """What one weight costs on the wire (float32 weights for "none")."""
-    return {"none": 32.0, "float16": 16.0, "int8": 8.0 + 32.0 / INT8_BLOCK}[codec]
 
 
 def scratch_numel(numel: int) -> int:

@@ -16,7 +16,7 @@ import torch
 
 import gossip
 import topologies
-from gossip.compression import FLOAT16_MAX, add_decoded_, bits_per_value, encode_difference_, scratch_numel
+from gossip.compression import FLOAT16_MAX, add_decoded_, encode_difference_, scratch_numel
 from gossip.config import GossipConfig, RunConfig
 from gossip.errors import ConfigError, ProtocolError
 from gossip.net.wire import INT8_BLOCK, MAX_INT8_SCALE, Header, Layout, decode, encode, params_header
@@ -83,10 +83,6 @@ def test_what_a_message_rounds_away_goes_out_with_the_next():
     for _ in range(3):
         encode_difference_("float16", current, public, scratch(4))
     assert public[:3].tolist() == pytest.approx([1e5, -1e5, 3.0], rel=1e-3)
-
-
-def test_bits_per_value():
-    assert (bits_per_value("none"), bits_per_value("float16"), bits_per_value("int8")) == (32, 16, 8.125)
 
 
 @pytest.mark.parametrize("codec", ["float16", "int8"])
