@@ -41,6 +41,8 @@ class Topology(abc.ABC):
         self.world_size = check_world_size(self.name, world_size)
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._cache_lock = threading.Lock()
+        # (canonical round, rank, incoming?) -> neighbours: asked for on every message and mixing point
+        self._neighbours: dict[tuple[int, int, bool], tuple[int, ...]] = {}
 
     @classmethod
     def from_spec(cls, args: str, world_size: int) -> Topology:
@@ -95,13 +97,22 @@ class Topology(abc.ABC):
 
     def in_neighbors(self, rank: int, round: int = 0) -> tuple[int, ...]:
         """Sorted ranks whose weights ``rank`` mixes in (``W[rank, j] > 0``, j != rank)."""
-        rank = check_rank(rank, self.spec, self.world_size)
-        return _others(self.mixing_matrix(round)[rank, :], rank)
+        return self._neighbours_of(rank, round, incoming=True)
 
     def out_neighbors(self, rank: int, round: int = 0) -> tuple[int, ...]:
         """Sorted ranks that need ``rank``'s weights (``W[k, rank] > 0``, k != rank)."""
-        rank = check_rank(rank, self.spec, self.world_size)
-        return _others(self.mixing_matrix(round)[:, rank], rank)
+        return self._neighbours_of(rank, round, incoming=False)
+
+    def _neighbours_of(self, rank: int, round: int, incoming: bool) -> tuple[int, ...]:
+        key = (self._canonical_round(check_round(round)), check_rank(rank, self.spec, self.world_size), incoming)
+        found = self._neighbours.get(key)
+        if found is None:
+            weights = self.mixing_matrix(key[0])
+            found = _others(weights[key[1], :] if incoming else weights[:, key[1]], key[1])
+            if len(self._neighbours) >= 2 * _CACHED_ROUNDS * self.world_size:
+                self._neighbours.clear()  # (a time-varying graph's old rounds)
+            self._neighbours[key] = found
+        return found
 
     def neighbors(self, rank: int, round: int = 0) -> tuple[int, ...]:
         """Sorted union of in- and out-neighbours."""

@@ -47,12 +47,16 @@ def check_world_size(name: str, world_size: object) -> int:
 
 
 def check_rank(rank: object, spec: str, world_size: int) -> int:
+    if type(rank) is int and 0 <= rank < world_size:  # the common case, without the ABC check
+        return rank
     if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank!r} is out of range for {spec} with {world_size} nodes; use 0..{world_size - 1}")
     return int(rank)
 
 
 def check_round(round: object) -> int:
+    if type(round) is int and round >= 0:
+        return round
     try:
         index = operator.index(round)  # accepts numpy integers, rejects floats and strings
     except TypeError:
