@@ -134,6 +134,7 @@ class Transport:
         self._router: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._receiver: asyncio.Task[None] | None = None
+        self._router_fd: int | None = None  # watched by the receive task
         self.failure: BaseException | None = None  # set when any task of ours dies of a bug
         self._failed: asyncio.Future[None] | None = None  # done once ``failure`` is set (wakes waiting posts)
         self.bytes_sent = self.bytes_received = self.messages_sent = self.messages_received = 0
@@ -205,6 +206,8 @@ class Transport:
                 task.cancel()
         for outbox in self._outboxes.values():
             outbox.close(linger)
+        if self._router_fd is not None:
+            asyncio.get_running_loop().remove_reader(self._router_fd)
         if self._router is not None:
             self._router.disable_monitor()
             self._monitor.close(linger=0)
@@ -349,7 +352,7 @@ class Transport:
             try:
                 while (hold := due - time.monotonic()) > 0:  # (uvloop's timers may fire up to 1 ms early)
                     await asyncio.sleep(hold)
-                tracker = await outbox.socket.send_multipart(frames, copy=False, track=delivery is not None)
+                tracker = await _send(outbox, frames, track=delivery is not None)
                 self.messages_sent += 1
                 self.bytes_sent += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
             except zmq.ZMQError as exc:  # the message is lost; the receiver's round timeout will say so
@@ -373,28 +376,48 @@ class Transport:
 
     # -- receiving -------------------------------------------------------------------------------------
     async def _receive_forever(self, router: zmq.asyncio.Socket) -> None:
+        """Take every message as it comes. The ROUTER is read through a plain (synchronous) handle on the
+        same socket, and its descriptor watched directly: pyzmq's asyncio socket would cost a future and a
+        round of event bookkeeping per message, a large part of a small model's round."""
+        ready = zmq.Socket.shadow(router.underlying)
+        readable = asyncio.Event()
+        self._router_fd = ready.FD
+        asyncio.get_running_loop().add_reader(self._router_fd, readable.set)
         while True:
-            identity, *frames = await router.recv_multipart(copy=False)
-            nbytes = sum(len(f) for f in frames)
-            self.messages_received += 1
-            self.bytes_received += nbytes
-            valid = False
-            fd = identity.get(zmq.SRCFD)
-            if self.guard.serial(fd) is None:  # its accept event is queued already (sent before any message)
-                self._drain_inbound_events()
             try:
-                self._handler(self._authenticated(identity), frames, self.guard.serial(fd))
-                valid = True
-            except ProtocolError as exc:
-                self.dropped[exc.reason] += 1
-                count = self.dropped[exc.reason]
-                if count <= _WARN_FIRST or count % 1000 == 0:
-                    log.warning("peer %d dropped a message from %s (%s, %d so far): %s",
-                                self.rank, self._sender_name(identity), exc.reason, count, exc)
-            self.guard.delivered(fd, nbytes + len(identity), len(frames) + 1, valid)
-            # A ready message makes ``await recv`` return without yielding; yield so that a flood of
-            # incoming messages cannot starve our own sends.
+                message = ready.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                readable.clear()
+                # ZeroMQ's descriptor signals changes, not readiness: reading EVENTS takes the pending ones
+                # and re-arms it, so a message that came meanwhile is seen here, not missed until the next
+                if not ready.get(zmq.EVENTS) & zmq.POLLIN:
+                    await readable.wait()
+                continue
+            self._take(message)
+            # A ready message does not yield; yield so that a flood of incoming messages cannot starve our
+            # own sends.
             await asyncio.sleep(0)
+
+    def _take(self, message: list[zmq.Frame]) -> None:
+        """Hand one received message to the handler; count it, or its drop by reason."""
+        identity, *frames = message
+        nbytes = sum(len(f) for f in frames)
+        self.messages_received += 1
+        self.bytes_received += nbytes
+        valid = False
+        fd = identity.get(zmq.SRCFD)
+        if self.guard.serial(fd) is None:  # its accept event is queued already (sent before any message)
+            self._drain_inbound_events()
+        try:
+            self._handler(self._authenticated(identity), frames, self.guard.serial(fd))
+            valid = True
+        except ProtocolError as exc:
+            self.dropped[exc.reason] += 1
+            count = self.dropped[exc.reason]
+            if count <= _WARN_FIRST or count % 1000 == 0:
+                log.warning("peer %d dropped a message from %s (%s, %d so far): %s",
+                            self.rank, self._sender_name(identity), exc.reason, count, exc)
+        self.guard.delivered(fd, nbytes + len(identity), len(frames) + 1, valid)
 
     def _authenticated(self, identity: zmq.Frame) -> int | None:
         """With CURVE, the rank whose key authenticated the connection (so a peer cannot claim another's
@@ -487,6 +510,14 @@ class Delivery:
         return True
 
 
+async def _send(outbox: _Outbox, frames: list[Any], track: bool) -> zmq.MessageTracker | None:
+    """Hand ``frames`` to ZeroMQ: at once when it has room (without a future per call), else once it has."""
+    try:
+        return outbox.ready.send_multipart(frames, zmq.NOBLOCK, copy=False, track=track)
+    except zmq.Again:
+        return await outbox.socket.send_multipart(frames, copy=False, track=track)
+
+
 def _settle(delivery: Delivery | None, tracker: zmq.MessageTracker | None) -> None:
     if delivery is not None:
         delivery.settle(tracker)
@@ -497,6 +528,7 @@ class _Outbox:
                  queue: asyncio.Queue[tuple[float, list[Any], bool, Delivery | None]]) -> None:
         self.dest = dest
         self.socket = socket
+        self.ready = zmq.Socket.shadow(socket.underlying)  # the same socket, for sends that need no wait
         self.queue = queue
         self.task: asyncio.Task[None] | None = None
         self.monitor: zmq.asyncio.Socket | None = None
