@@ -106,9 +106,19 @@ class Stranger:
             sock.disable_monitor()
             monitor.close(linger=0)
 
-    def idle(self, count: int) -> None:
-        for _ in range(count):
-            self.connect()
+    def idle(self, count: int, timeout: float = 30) -> bool:
+        """Open ``count`` connections that send nothing; True once the victim has cut one of them (within
+        ``timeout`` seconds). They stay open (reconnecting when cut) until ``close``."""
+        monitors = [self.connect().get_monitor_socket(zmq.EVENT_DISCONNECTED) for _ in range(count)]
+        poller = zmq.Poller()
+        for monitor in monitors:
+            poller.register(monitor, zmq.POLLIN)
+        try:
+            return bool(poller.poll(timeout * 1000))
+        finally:
+            for sock, monitor in zip(self.sockets[-count:], monitors):
+                sock.disable_monitor()
+                monitor.close(linger=0)
 
     def close(self) -> None:
         for sock in self.sockets:

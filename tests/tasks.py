@@ -124,3 +124,35 @@ def constant_gradient(ctx: TaskContext) -> Task:
     model.value.requires_grad_(True)
     optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
     return Task(model, loss=lambda: (ctx.rank + 1) * model.value.sum(), evaluate=lambda: {}, optimizer=optimizer)
+
+
+HOLD_STEP = 10
+
+
+def held_digits(ctx: TaskContext) -> Task:
+    """Digits, except that with $GOSSIP_TEST_RELEASE set, peer 0 stops before its step ``HOLD_STEP``: it
+    creates that path + ".held" and waits (at most 90 s) until the path exists. Its neighbours wait for it
+    in lockstep, so the run lasts as long as a test needs, with the same models as a run that is not held;
+    its event loop goes on receiving meanwhile."""
+    import os
+    from pathlib import Path
+
+    task = make_digits(ctx)
+    release = os.environ.get("GOSSIP_TEST_RELEASE")
+    if ctx.rank != 0 or not release:
+        return task
+    steps = 0
+    inner = task.loss
+
+    def loss() -> torch.Tensor:
+        nonlocal steps
+        steps += 1
+        if steps == HOLD_STEP:
+            Path(release + ".held").touch()
+            deadline = time.monotonic() + 90
+            while not Path(release).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return inner()
+
+    task.loss = loss
+    return task

@@ -9,6 +9,7 @@ attacker" is exact: every peer's final model equals that of the same run without
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -26,10 +27,12 @@ NODES = 4
 RUN = ["--steps", "250", "--compute-ms", "20"]
 
 
-def _start(out: Path, *extra: str, run: list[str] = RUN, nodes: int = NODES) -> tuple[subprocess.Popen, int]:
+def _start(out: Path, *extra: str, run: list[str] = RUN, nodes: int = NODES,
+           env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
     base = free_base_port(nodes + 1)
     command = launcher_command(out, nodes, *run, *extra, base_port=base)
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), base
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}), base
 
 
 def _finish(launcher: subprocess.Popen, out: Path) -> tuple[int, str]:
@@ -67,14 +70,18 @@ def _assert_same_models(attacked: Path, clean: Path) -> None:
 
 def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
     clean, attacked = tmp_path / "clean", tmp_path / "attacked"
-    launcher, _ = _start(clean)
+    held = ["--task", "tests.tasks:held_digits"]
+    launcher, _ = _start(clean, *held)
     assert _finish(launcher, clean)[0] == 0
 
-    launcher, base = _start(attacked)
+    # the victim stops training at its 10th step until every attack is over (its event loop, which the
+    # attacks are against, goes on): however slow the attacks, they meet a running peer
+    release = tmp_path / "release"
+    launcher, base = _start(attacked, *held, env={"GOSSIP_TEST_RELEASE": str(release)})
     layout = victim_layout(world_size=NODES)
     stranger = Stranger(f"tcp://127.0.0.1:{base}")
     try:
-        _wait_for_round(attacked, 5)
+        wait_until(lambda: Path(f"{release}.held").exists() or launcher.poll() is not None, 90, "peer 0 to hold")
         stranger.send(
             forged(layout, "params", 1, round=6, w=1e300),  # would outweigh the whole network
             forged(layout, "params", 1, round=6, w=1.7e308),
@@ -86,7 +93,8 @@ def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
         assert stranger.endless_message(frame_bytes=32 << 10, frames=20_000)  # 640 MiB in one message: cut
         assert stranger.endless_message(frame_bytes=1 << 20, frames=64)  # larger frames than this model has
         assert stranger.endless_message(frame_bytes=0, frames=3_000_000)  # 2 wire bytes, a 64-byte msg_t each
-        stranger.idle(3 * NODES + 40)  # more connections than the cap (2 per rank + 16)
+        assert stranger.idle(3 * NODES + 40)  # more connections than the cap (2 per rank + 16): cut
+        release.touch()
         code, stderr = _finish(launcher, attacked)
     finally:
         stranger.close()
