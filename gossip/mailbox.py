@@ -21,6 +21,7 @@ import torch
 
 from gossip.errors import PeerTimeout, ProtocolError, TransportError
 from gossip.net.wire import Header, Layout, Message, decode
+from gossip.signals import raise_if_signalled
 
 CONFIRM_SECONDS = 1.0  # a second hello waits this long for the drop of our link that proves a restart
 Expects = Callable[[int, int], bool]  # (sender, round) -> is sender one of our in-neighbours then
@@ -259,8 +260,10 @@ class Mailbox:
             self._cond.notify_all()
 
     def _block(self, timeout: float) -> None:
-        """``_cond.wait`` (lock held), raising ``TransportError`` once the transport has failed."""
+        """``_cond.wait`` (lock held), raising ``TransportError`` once the transport has failed, and
+        ``Stopped`` for a SIGINT/SIGTERM whose raise was lost (``gossip/signals.py``)."""
         self._raise_if_failed()
+        raise_if_signalled()
         self._cond.wait(timeout)
         self._raise_if_failed()
 

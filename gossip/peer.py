@@ -36,6 +36,7 @@ from gossip.config import RunConfig
 from gossip.device import cpu_state, resolve_device
 from gossip.errors import CheckpointError, ConfigError, GossipError, Stopped
 from gossip.metrics import EventLog, finite_or_none
+from gossip.signals import raise_if_signalled, stop_on_signals
 from gossip.tasks import Task, TaskContext, build_task
 
 log = logging.getLogger("gossip.peer")
@@ -185,6 +186,7 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
     by_time = cfg.gossip.schedule == "time"
     step = averager.local_step  # 0, or where a restarted peer rejoined
     while (averager.mixing_points < cfg.rounds) if by_time else (step < cfg.steps):
+        raise_if_signalled()
         step += 1
         begin = time.perf_counter()
         loss = task.compute_gradients() if averager.sends_gradients else task.train_step()
@@ -216,10 +218,6 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         except OSError:
             pass
-
-
-def _raise_stopped(signum: int, frame: object) -> None:
-    raise Stopped(signum)
 
 
 def load_config(path: Path, rank: int) -> RunConfig:
@@ -263,8 +261,7 @@ def run_role(cfg: RunConfig, out: Path, server: bool, local_rank: int | None = N
 def guarded(name: Callable[[], str], body: Callable[[], None]) -> int:
     """Run ``body`` as a peer process does: SIGINT/SIGTERM raise ``Stopped``, log lines carry ``name()``,
     and an error ends in one line on stderr. Returns the exit status (module docstring)."""
-    signal.signal(signal.SIGTERM, _raise_stopped)
-    signal.signal(signal.SIGINT, _raise_stopped)
+    stop_on_signals()
     logging.basicConfig(level=logging.INFO)
     name_logs(name())
     try:

@@ -27,6 +27,7 @@ from gossip.coordinator.mailboxes import QueueMailbox
 from gossip.coordinator.modes import SENDS_WEIGHTS, build_core, server_optimizer
 from gossip.device import cpu_state
 from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped, TransportError
+from gossip.signals import raise_if_signalled
 from gossip.flat import FlatParams
 from gossip.health import model_problem
 from gossip.metrics import EventLog
@@ -75,6 +76,7 @@ class ParameterServer:
         self.events.write("ready", endpoint=self.config.endpoint(self.rank), mode=self.config.mode,
                           version=self.core.version, optimizer=optimizer)
         while self.core.active:
+            raise_if_signalled()
             message = self.mailbox.get(min(1.0, self._wait_seconds()))
             if message is not None:
                 self.last_heard[message.header.sender] = time.monotonic()
