@@ -66,6 +66,10 @@ class GossipConfig:
     weight_by: str = "none"  # "none": a mass of 1 per peer
     deadline: str = "fixed"
     overlap: bool = True
+    # Overlap copies the weights it sends only when they change before the next mix, as seen by a hook on
+    # optimizer steps and the forward pass (gossip/writes.py); a loop that writes them otherwise (in place
+    # through ``.data``, without a torch.optim optimizer) sets False to copy every round.
+    lazy_snapshot: bool = True
     compress: str = "none"  # CHOCO-gossip of compressed differences (gossip/averagers/compressed.py)
     consensus_step: float = 1.0  # CHOCO's gamma
     deadline_k: float = 3.0
@@ -123,7 +127,7 @@ class GossipConfig:
         if self.mode != "gossip-sync" and (self.weight_by != "none" or self.deadline != "fixed"):
             raise ConfigError("--weight-by samples and --deadline adaptive need --mode gossip-sync (gossip-async "
                               "never waits, and its push-sum mass already carries whatever arrives late)")
-        for name in ("overlap", "ipc"):
+        for name in ("overlap", "lazy_snapshot", "ipc"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not self.overlap and self.mode != "gossip-sync":

@@ -49,6 +49,7 @@ class FlatParams:
         # a buffer shared by two modules must stay shared
         self._aliases = [(module, attr, owners[id(tensor)]) for module, attr, tensor in aliases]
         self._point_tensors()
+        self.model = model
         self.device = self.segments[0].device
         self.chunk_bytes = chunk_bytes
         self.layout = Layout.describe(
@@ -112,11 +113,14 @@ class FlatParams:
         torch.cuda.current_stream(self.device).synchronize()
         return copies
 
-    def relocate(self) -> None:
+    def relocate(self) -> list[torch.Tensor]:
         """Move the weights to fresh segments (a copy) and re-point every parameter and buffer there. The
-        old segments are left to whoever still reads them (ZeroMQ sending them), unchanged from now on."""
+        old segments are left to whoever still reads them (ZeroMQ sending them), unchanged from now on;
+        returned cut like ``views()``."""
+        old = list(self.views())
         self.segments = [segment.clone() for segment in self.segments]
         self._point_tensors()
+        return old
 
     def _point_tensors(self) -> None:
         """Make every parameter and buffer, and every further module holding one, a view into the segments."""

@@ -74,8 +74,9 @@ TABLE: list[Flag] = [
     Flag("--trim-fraction", "trim_fraction", MIXING, "trimmed-mean: fraction of the values dropped from each end "
                                                      "(at least one each end of 3 or more)"),
     Flag("--overlap", "overlap", MIXING, "gossip-sync: exchange while the next local step computes, from a copy of "
-                                         "the weights; --no-overlap sends the weights themselves and mixes before "
-                                         "training on (no copy per round, one model less memory)"),
+                                         "the weights (taken only when a step writes them before the next mix); "
+                                         "--no-overlap sends the weights themselves and mixes before training on "
+                                         "(no copy per round, one model less memory)"),
     Flag("--compress", "compress", MIXING, "gossip-sync: send compressed differences from a public copy the "
                                            "neighbours hold (CHOCO-gossip, error feedback): " + ", ".join(COMPRESS)
                                            + "; 2x (float16) or about 4x (int8) fewer bytes, for slow links"),

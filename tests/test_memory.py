@@ -1,11 +1,14 @@
 """What a gossip-sync peer allocates beyond its model: three real peer processes on a ring, a 32 MiB model.
 
 A round holds the in-neighbours' messages of the round it mixes and, from a neighbour already a round
-ahead, up to as many of the next round's; with overlap (the default) also the one snapshot it sent,
-which the next snapshot overwrites once ZeroMQ has let go of it. So the peak resident memory beyond what
-the process held before ``attach`` is at most (1 + 2 x in-degree) models with overlap and 2 x in-degree
-without, plus a fixed allowance for the sockets, threads and allocator (measured: about 20 MB). Before the
-snapshot was reused, the overlapping round peaked at 5.7-7.1 models of 64 MiB.
+ahead, up to as many of the next round's. With overlap (the default) a peer whose weights are written
+between mixing points (an optimizer step) also holds the one snapshot it sent, which the next snapshot
+overwrites once ZeroMQ has let go of it; one whose weights are not written sends them uncopied and holds
+no snapshot. So the peak resident memory beyond what the process held before ``attach`` is at most
+(1 + 2 x in-degree) models when training with overlap and 2 x in-degree otherwise, plus a fixed allowance
+for the sockets, threads and allocator (measured: about 20 MB). Before the snapshot was reused, the
+overlapping round peaked at 5.7-7.1 models of 64 MiB; before it was taken only when needed, a round
+without training held the snapshot too.
 """
 
 from __future__ import annotations
@@ -38,25 +41,30 @@ def peak_resident_mb() -> float:
     return int(line.split()[1]) / 1024
 
 
-def peer(rank: int, port: int, overlap: bool, results: mp.Queue) -> None:
+def peer(rank: int, port: int, overlap: bool, train: bool, results: mp.Queue) -> None:
     torch.set_num_threads(1)
     import gossip
 
     model = torch.nn.Linear(1, 1, bias=False)
     model.weight = torch.nn.Parameter(torch.full((MODEL_MB << 18,), float(rank)))  # 4-byte values
+    model.weight.grad = torch.zeros_like(model.weight)  # a step that writes the weights without moving them
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = resident_mb()
     with gossip.attach(model, rank=rank, world_size=3, base_port=port, topology="ring", overlap=overlap) as averager:
         for _ in range(12):
+            if train:
+                optimizer.step()
             averager.step()
     results.put((rank, peak_resident_mb() - before, float(model.weight[0])))
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_a_peer_holds_at_most_its_rounds_messages_and_one_snapshot(overlap):
+@pytest.mark.parametrize("overlap,train", [(True, True), (True, False), (False, True)],
+                         ids=["overlap-training", "overlap-mixing-only", "no-overlap"])
+def test_a_peer_holds_at_most_its_rounds_messages_and_one_snapshot(overlap, train):
     context = mp.get_context("spawn")
     results = context.Queue()
     port = free_base_port(3)
-    procs = [context.Process(target=peer, args=(rank, port, overlap, results)) for rank in range(3)]
+    procs = [context.Process(target=peer, args=(rank, port, overlap, train, results)) for rank in range(3)]
     for proc in procs:
         proc.start()
     try:
@@ -68,6 +76,6 @@ def test_a_peer_holds_at_most_its_rounds_messages_and_one_snapshot(overlap):
                 proc.kill()
                 proc.join()
     assert [value for *_, value in reports] == pytest.approx([1.0] * 3), reports  # averaged: (0 + 1 + 2) / 3
-    models = (1 + 2 * IN_DEGREE) if overlap else 2 * IN_DEGREE
+    models = (1 + 2 * IN_DEGREE) if overlap and train else 2 * IN_DEGREE
     grew = {rank: round(extra) for rank, extra, _ in reports}
     assert max(grew.values()) <= models * MODEL_MB + FIXED_MB, f"peers grew by {grew} MB"

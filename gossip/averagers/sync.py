@@ -17,10 +17,10 @@ stochastic) this is exactly D-PSGD's z_i += sum_j W_ij (s_j - s_i), i.e. x <- W 
 
 Without overlap (``overlap`` False, ``--no-overlap``), mixing point r sends the live weights (s_i = z_i,
 uncopied on the CPU), waits for round r's messages and mixes them at once, so the own-snapshot term
-folds into the first: x_i = W_ii w_i z_i + sum_j m_j s_j, three arrays and no copy. Before the weights
-change, ZeroMQ must have let go of them (the transport's ``Delivery``); if it still holds them after
-``SEND_GRACE`` (a neighbour not reading), the weights move to a copy first (``FlatParams.relocate``), so
-what it sends later is still round r's.
+folds into the first: x_i = W_ii w_i z_i + sum_j m_j s_j, three arrays and no copy. With overlap the
+snapshot is copied only when the weights are written before the next mix (training); a peer that only
+mixes sends them uncopied too, and its next mixing point is the no-overlap one. What was sent stays
+unchanged until ZeroMQ lets go of it (``gossip/averagers/sent.py``, ``gossip/writes.py``).
 
 How long to wait (``deadline``):
 
@@ -62,28 +62,24 @@ import torch
 from gossip.aggregate import aggregate_into_
 from gossip.averagers.mailboxes import MassMailbox, RoundMailbox
 from gossip.averagers.neighbours import GossipAverager
+from gossip.averagers.sent import SentWeights
 from gossip.deadlines import ArrivalDeadlines
-from gossip.net.transport import Delivery
 from gossip.net.wire import encode, params_header
-
-SEND_GRACE = 1.0  # seconds --no-overlap waits for ZeroMQ to send our weights before it mixes into a copy
 
 
 class SyncGossip(GossipAverager):
     # (round, snapshot or None for the live weights, weight, kept share)
     _pending: tuple[int, list[torch.Tensor] | None, float, float] | None = None
-    _delivery: Delivery | None = None  # --no-overlap: the uncopied send of the weights in flight
-    _snapshot_delivery: Delivery | None = None  # overlap: the send of our snapshot in flight
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         cfg = self.config
         self.weight = 1.0  # push-sum weight w_i; the model holds z_i = x_i / w_i
         self.late_mixed = 0  # messages mixed after the round they were sent for
-        self.relocated = 0  # --no-overlap rounds whose sent weights ZeroMQ still held: mixed into a copy
         self.deadlines = ArrivalDeadlines(self.rank, cfg.deadline_k, cfg.deadline_floor, cfg.deadline_window,
                                           cfg.straggler_fraction, cfg.pace_tolerance)
         self._wait_started: dict[int, float] = {}  # round -> when we started waiting for it (adaptive)
+        self.sent = SentWeights(self.flat, cfg, self.rank)
 
     @property
     def adaptive(self) -> bool:
@@ -109,13 +105,27 @@ class SyncGossip(GossipAverager):
         if not self.config.overlap:
             self._gossip_in_place()
             return
-        snapshot = self._complete_round(take_snapshot=True, final=False)
+        # Copy the next snapshot during the mix if the weights were written since the last mixing point
+        # (training); else the next round most likely leaves them alone too, and they go uncopied.
+        copy = self.sent.copy_next(live_pending=self._pending is not None and self._pending[1] is None)
+        snapshot = self._complete_round(take_snapshot=copy, final=False)
+        round = self._open_round()
+        if not copy:
+            self.sent.sent_live(self._send_snapshot(round, latest_only=False, snapshot=list(self.flat.views()),
+                                                    weight=self.weight, track=True), self._copy_before_write)
+            self._pending = (round, None, self.weight, self._kept_share(round))
+            return
         if snapshot is None:  # the first round
             snapshot = self.flat.snapshot()
-        round = self._open_round()
-        self._snapshot_delivery = self._send_snapshot(round, latest_only=False, snapshot=snapshot, weight=self.weight,
-                                                      track=self.flat.device.type == "cpu")
+        self.sent.sent_snapshot(self._send_snapshot(round, latest_only=False, snapshot=snapshot, weight=self.weight,
+                                                    track=self.flat.device.type == "cpu"))
         self._pending = (round, snapshot, self.weight, self._kept_share(round))
+
+    def _copy_before_write(self) -> None:
+        """The weights sent uncopied are about to be written before the next mix: keep what was sent."""
+        if self._pending is not None and self._pending[1] is None:
+            round, _, weight, keep = self._pending
+            self._pending = (round, self.sent.copy_before_write(), weight, keep)
 
     def _gossip_in_place(self) -> None:
         """``overlap`` off: send this round's weights themselves (uncopied on the CPU), wait for the
@@ -124,7 +134,8 @@ class SyncGossip(GossipAverager):
         live = self.flat.device.type == "cpu" and self.config.aggregate == "mean"
         own = None if live else self.flat.snapshot()  # (a GPU's weights go through host memory anyway)
         sent = list(self.flat.views()) if live else own
-        self._delivery = self._send_snapshot(round, latest_only=False, snapshot=sent, weight=self.weight, track=live)
+        self.sent.sent_live(self._send_snapshot(round, latest_only=False, snapshot=sent, weight=self.weight,
+                                                track=live))
         self._pending = (round, own, self.weight, self._kept_share(round))
         self._complete_round(take_snapshot=False, final=False)
 
@@ -134,24 +145,6 @@ class SyncGossip(GossipAverager):
         if self.config.weight_by == "samples":
             self.weight = float(self._represented_since_mix())
         return self.rounds
-
-    def _release_sent(self) -> None:
-        """Before the weights change in place: wait (``SEND_GRACE``) until ZeroMQ has let go of the weights
-        we sent uncopied. If it still holds them (a neighbour not reading, or dead and not yet pruned), move
-        our weights to a copy instead, so what it sends later is still this round's weights."""
-        delivery, self._delivery = self._delivery, None
-        if delivery is not None and not delivery.wait(min(SEND_GRACE, self.config.round_timeout)):
-            self.flat.relocate()
-            self.relocated += 1
-
-    def _snapshot_sent(self) -> bool:
-        """Overlap: has ZeroMQ let go of the snapshot we sent last (to every destination)? With fixed
-        deadlines we have every neighbour's message of that round, so each neighbour is reading ours now:
-        wait for that up to ``SEND_GRACE`` (then a fresh snapshot). Adaptive deadlines do not wait for a
-        neighbour, nor for its reading."""
-        delivery, self._snapshot_delivery = self._snapshot_delivery, None
-        grace = 0.0 if self.adaptive else min(SEND_GRACE, self.config.round_timeout)
-        return delivery is not None and delivery.wait(grace)
 
     def _kept_share(self, round: int) -> float:
         """W_ii plus the shares of the out-neighbours we did not send to (dead): push-sum mass stays with us
@@ -187,6 +180,12 @@ class SyncGossip(GossipAverager):
             self.local_step = self.mailbox.local_step = max(self.local_step, rejoin * self.config.gossip_every)
         self._mixed_at = (self.local_step, self.samples)
 
+    def close(self, finish: bool = True) -> None:
+        try:
+            super().close(finish)
+        finally:
+            self.sent.close()
+
     def _finish(self) -> None:
         if not self.config.overlap and self.adaptive and self.rounds > 0:
             # every round was mixed at its deadline; now wait for the late mass addressed to us (nothing sent)
@@ -210,7 +209,7 @@ class SyncGossip(GossipAverager):
             self.rounds = round + 1
             return snapshot
         total = keep * own_weight + sum(mass for mass, _ in arrived)
-        self._release_sent()
+        self.sent.release_live()
         if total <= 0.0:  # no mass left to divide by (a weight that underflowed): z stays as it is
             self.weight, self.rounds = 0.0, round + 1
             return self.flat.snapshot() if take_snapshot else None
@@ -224,7 +223,7 @@ class SyncGossip(GossipAverager):
         terms += [(mass / total, chunks) for mass, chunks in arrived if mass > 0]
         # the next snapshot overwrites this one, block by block after reading it, once ZeroMQ has sent it:
         # no new model-sized allocation per round
-        into = own if take_snapshot and own is not None and self._snapshot_sent() else None
+        into = own if take_snapshot and own is not None and self.sent.snapshot_free(wait=not self.adaptive) else None
         with self._timed_mix():
             snapshot = self.flat.combine_(terms, snapshot=take_snapshot, into=into,
                                           release=[chunks for _, chunks in arrived])
@@ -291,8 +290,9 @@ class SyncGossip(GossipAverager):
 
     def statistics(self) -> dict:
         stats = {**super().statistics(), "weight": self.weight}
-        if not self.config.overlap:
-            stats["relocated"] = self.relocated
+        if self.config.overlap:
+            stats["snapshot_copies"] = self.sent.copies
+        stats["relocated"] = self.sent.relocated
         if self.config.deadline == "adaptive":
             stats.update(self.deadlines.statistics(), late_mixed=self.late_mixed)
         return stats
