@@ -3,11 +3,15 @@
 Three implementations of the same round, measured in the same run on the same machine:
 
 - ``gossip``: this project: ``gossip.attach`` on a model of the given size, gossip-sync on a ring, one
-  ``averager.step()`` per round (snapshot copy, send in 8 MiB frames, receive, mix chunk by chunk).
-  ``gossip-no-overlap``: the same with ``overlap=False``: the weights themselves are sent uncopied, and
-  the round is mixed in place before ``step()`` returns. ``gossip-float16`` and ``gossip-int8``: compressed
-  gossip (``--compress``), which sends the encoded change of a public copy instead of the weights. Peers on one host reach each other over a Unix
-  socket by default (``--ipc``); the ``-tcp`` variants (``ipc=False``) use TCP loopback, as between hosts.
+  ``averager.step()`` per round (send in 8 MiB frames, receive, check, mix chunk by chunk), as a user gets
+  it. Nothing writes the weights between two rounds, so the default (overlapping) round sends them
+  uncopied (``gossip/writes.py``). ``gossip-copy``: the round of a training loop, whose optimizer writes
+  the weights between rounds: a snapshot is copied during each mix (``lazy_snapshot=False`` forces it).
+  ``gossip-no-overlap``: ``overlap=False``: the weights themselves are sent uncopied, and the round is
+  mixed in place before ``step()`` returns. ``gossip-float16`` and ``gossip-int8``: compressed gossip
+  (``--compress``), which sends the encoded change of a public copy instead of the weights. Peers on one
+  host reach each other over a Unix socket by default (``--ipc``); the ``-tcp`` variants (``ipc=False``)
+  use TCP loopback, as between hosts.
 - ``pyzmq``: a plain pyzmq exchange of the same bytes as one zero-copy frame (DEALER -> ROUTER), then the
   same mix. ``pyzmq-frames``: the same bytes in 8 MiB frames, checked for NaN/Inf, mixed block by block;
   ``pyzmq-frames-ipc``: the same over the Unix socket.
@@ -15,7 +19,9 @@ Three implementations of the same round, measured in the same run on the same ma
   preallocated buffers, then the same mix; ``gloo-exchange`` is the same without the mix.
 
 Every peer is its own process with one torch thread. Reported: seconds per round (the slowest peer's
-mean over the timed rounds, after warm-up rounds), and the ratio to gloo.
+mean over the timed rounds, after warm-up rounds; the median of the repeats), and the ratio to gloo. The
+repeats go round-robin over the variants, so each variant's run has a gloo run beside it, and the ratio
+given is the median of those paired ratios (the machines are shared: load moves between minutes).
 
     python bench/exchange.py                      # sizes 1, 16, 100 MB
     python bench/exchange.py --sizes 100 --rounds 20
@@ -32,6 +38,7 @@ import socket
 import sys
 import time
 from functools import partial
+from statistics import median
 from pathlib import Path
 
 import torch
@@ -58,14 +65,14 @@ def mix(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def run_gossip(rank: int, numel: int, rounds: int, warmup: int, port: int, secure: str = "",
-               overlap: bool = True, ipc: bool = True, compress: str = "none") -> float:
+               overlap: bool = True, ipc: bool = True, compress: str = "none", lazy: bool = True) -> float:
     import gossip
 
     model = torch.nn.Linear(1, 1, bias=False)
     model.weight = torch.nn.Parameter(torch.full((numel,), float(rank)))
     mark_baseline()
     with gossip.attach(model, rank=rank, world_size=WORLD, base_port=port, topology="ring",
-                       secure=secure, overlap=overlap, ipc=ipc, compress=compress) as averager:
+                       secure=secure, overlap=overlap, ipc=ipc, compress=compress, lazy_snapshot=lazy) as averager:
         for _ in range(warmup):
             averager.step()
         begin = time.perf_counter()
@@ -191,6 +198,8 @@ def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int, mixing:
 
 
 RUNNERS = {"gossip": run_gossip, "gossip-no-overlap": partial(run_gossip, overlap=False),
+           # the round of a training loop: its weights change between mixing points, so each round copies
+           "gossip-copy": partial(run_gossip, lazy=False), "gossip-copy-tcp": partial(run_gossip, lazy=False, ipc=False),
            "gossip-tcp": partial(run_gossip, ipc=False), "gossip-no-overlap-tcp": partial(run_gossip, overlap=False,
                                                                                           ipc=False),
            "pyzmq": run_pyzmq, "pyzmq-frames": run_pyzmq_frames,
@@ -248,7 +257,8 @@ def measure(variant: str, size_mb: float, rounds: int, warmup: int) -> tuple[flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,16,100", help="model sizes in MiB, comma-separated")
-    parser.add_argument("--rounds", type=int, default=0, help="timed rounds (default: by size)")
+    parser.add_argument("--rounds", type=int, default=0, help="timed rounds (default: 2000 / size in MiB, "
+                                                                   "at least 20), after a fifth as many to warm up")
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant and size; the median is kept")
     parser.add_argument("--variants", default="gossip,gossip-no-overlap,gossip-tcp,gossip-no-overlap-tcp,pyzmq,gloo,"
                                               "gloo-exchange",
@@ -261,15 +271,26 @@ def main() -> None:
         generate_keys(KEYDIR, WORLD)
     rows = []
     for size in (float(s) for s in args.sizes.split(",")):
-        rounds = args.rounds or max(10, int(400 / size))
+        # a few seconds per run at every size; the warm-up lets TCP's windows and buffers grow first
+        rounds = args.rounds or max(20, int(2000 / size))
+        warmup = max(3, rounds // 5)
         row = {"size_mb": size, "rounds": rounds}
-        for variant in args.variants.split(","):
-            runs = [measure(variant, size, rounds, warmup=3) for _ in range(args.repeats)]
-            samples = sorted(elapsed for elapsed, _, _ in runs)
-            row[variant] = samples[len(samples) // 2]
-            row[f"{variant}_all"] = samples
-            row[f"{variant}_peak_rss_mb"] = [round(rss) for _, rss, _ in runs]
-            row[f"{variant}_extra_models"] = [round(extra, 2) for _, _, extra in runs]
+        variants = args.variants.split(",")
+        # Round-robin: every repeat measures each variant once, back to back, so that a ratio compares runs
+        # that met the same load on this shared machine (a variant's repeats in one block would not).
+        runs: dict[str, list[tuple[float, float, float]]] = {variant: [] for variant in variants}
+        for _ in range(args.repeats):
+            for variant in variants:
+                runs[variant].append(measure(variant, size, rounds, warmup))
+        for variant in variants:
+            samples = [elapsed for elapsed, _, _ in runs[variant]]
+            row[variant] = median(samples)
+            row[f"{variant}_all"] = [round(s, 5) for s in samples]
+            row[f"{variant}_peak_rss_mb"] = [round(rss) for _, rss, _ in runs[variant]]
+            row[f"{variant}_extra_models"] = [round(extra, 2) for _, _, extra in runs[variant]]
+            if "gloo" in runs and variant != "gloo":  # each repeat's ratio to the gloo run beside it
+                row[f"{variant}_ratios"] = [round(ours[0] / gloo[0], 3) for ours, gloo in zip(runs[variant],
+                                                                                               runs["gloo"])]
         rows.append(row)
         print(f"{size:6.0f} MiB  " + "  ".join(f"{v} {row[v]:.4f} s (peak RSS {max(row[f'{v}_peak_rss_mb'])} MB, "
                                                f"{max(row[f'{v}_extra_models'])} models beyond the model)"
@@ -282,6 +303,7 @@ def main() -> None:
 
 
 LABELS = {"gossip": "gossip round", "gossip-no-overlap": "gossip round, --no-overlap",
+          "gossip-copy": "gossip round, copying (training)", "gossip-copy-tcp": "gossip round, copying, --no-ipc",
           "gossip-tcp": "gossip round, --no-ipc", "gossip-no-overlap-tcp": "gossip round, --no-overlap --no-ipc",
           "pyzmq": "pyzmq, one frame + mix", "pyzmq-frames": "pyzmq, 8 MiB frames, checked, + mix",
           "pyzmq-frames-ipc": "pyzmq, 8 MiB frames, checked, + mix, ipc",
@@ -291,13 +313,16 @@ LABELS = {"gossip": "gossip round", "gossip-no-overlap": "gossip round, --no-ove
 
 
 def print_table(rows: list[dict], variants: list[str]) -> None:
-    """The markdown table of BENCHMARKS.md: seconds per round, then each variant's ratio to gloo + mix."""
+    """The markdown table of BENCHMARKS.md: median seconds per round, then each variant's ratio to gloo + mix:
+    the median of the repeats' ratios to the gloo run beside each, with their range."""
     ratios = [v for v in variants if v not in ("gloo", "gloo-exchange")] if "gloo" in variants else []
     print("\n| model | " + " | ".join(LABELS[v] for v in variants) + "".join(f" | {LABELS[v]} / gloo + mix"
                                                                              for v in ratios) + " |")
     print("| --- |" + " --- |" * (len(variants) + len(ratios)))
     for row in rows:
-        cells = [f"{row[v]:.4f} s" for v in variants] + [f"{row[v] / row['gloo']:.2f}" for v in ratios]
+        cells = [f"{row[v]:.4f} s" for v in variants] + [
+            f"{median(row[f'{v}_ratios']):.2f} ({min(row[f'{v}_ratios']):.2f}-{max(row[f'{v}_ratios']):.2f})"
+            for v in ratios]
         print(f"| {row['size_mb']:.0f} MiB | " + " | ".join(cells) + " |")
 
 
