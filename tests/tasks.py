@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -22,14 +23,23 @@ def fails_on_rank_2(ctx: TaskContext) -> Task:
     task = make_digits(ctx)
     if ctx.rank != 2:
         return task
+
+    def fail() -> None:
+        raise RuntimeError("simulated failure in peer 2's training step")
+
+    return _before_step(task, 5, fail)
+
+
+def _before_step(task: Task, step: int, action: Callable[[], None]) -> Task:
+    """``task`` with ``action()`` run in its ``step``-th loss computation, before the loss."""
     steps = 0
     inner = task.loss
 
     def loss() -> torch.Tensor:
         nonlocal steps
         steps += 1
-        if steps == 5:
-            raise RuntimeError("simulated failure in peer 2's training step")
+        if steps == step:
+            action()
         return inner()
 
     task.loss = loss
@@ -141,18 +151,11 @@ def held_digits(ctx: TaskContext) -> Task:
     release = os.environ.get("GOSSIP_TEST_RELEASE")
     if ctx.rank != 0 or not release:
         return task
-    steps = 0
-    inner = task.loss
 
-    def loss() -> torch.Tensor:
-        nonlocal steps
-        steps += 1
-        if steps == HOLD_STEP:
-            Path(release + ".held").touch()
-            deadline = time.monotonic() + 90
-            while not Path(release).exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
-        return inner()
+    def hold() -> None:
+        Path(release + ".held").touch()
+        deadline = time.monotonic() + 90
+        while not Path(release).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
-    task.loss = loss
-    return task
+    return _before_step(task, HOLD_STEP, hold)
