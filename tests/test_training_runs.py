@@ -45,6 +45,8 @@ def test_sync_ring_digits_trains_every_peer(launch_run):
     # neighbours on loopback: the same-host Unix socket, not TCP
     assert [e["routes"] for e in ends] == [{str((r - 1) % 4): "ipc", str((r + 1) % 4): "ipc"} for r in range(4)]
     assert [p["routes"] for p in summary["peers"]] == [e["routes"] for e in ends]
+    # every round is followed by an optimizer step, so overlap copied what it sent each round
+    assert [e["snapshot_copies"] for e in ends] == [200] * 4
 
     steps = [e for e in run.events(1) if e["event"] == "step"]
     assert [e["step"] for e in steps] == list(range(1, 201))
