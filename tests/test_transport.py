@@ -284,3 +284,35 @@ def test_async_gossip_never_waits_for_a_neighbour_that_left(leaves):
     else:
         assert stats["ignored_stale"] == 0 and set(stats["last_mix"]) == {"self", "1"}
         assert stats["dead_neighbours"] == []
+
+
+@pytest.mark.parametrize("ipc", [True, False])
+def test_a_link_is_reported_up_however_late_the_monitor_starts(monkeypatch, ipc):
+    """The monitor of a connection to a neighbour is attached before the connect: a handshake completed
+    first would never be reported, and the mailbox would take that neighbour for one it never had a link to
+    (a hello forged in its name then passes for a restart). A slow loop thread is played by delaying the
+    real ``get_monitor_socket``: with the monitor attached after the connect, the handshake won the race."""
+    import time
+
+    import zmq.asyncio
+
+    attach = zmq.asyncio.Socket.get_monitor_socket
+
+    def late(self, *args, **kwargs):
+        time.sleep(0.3)
+        return attach(self, *args, **kwargs)
+
+    monkeypatch.setattr(zmq.asyncio.Socket, "get_monitor_socket", late)
+    eps = endpoints(2)
+    links = []
+    receiver = Transport(0, eps[0], eps, lambda identity, frames, connection: None, TransportConfig(ipc=ipc))
+    sender = Transport(1, eps[1], eps, lambda identity, frames, connection: None, TransportConfig(ipc=ipc),
+                       on_link=lambda dest, up: links.append((dest, up)))
+    receiver.start()
+    sender.start()
+    try:
+        sender.post([0], [b"hello"], latest_only=False, timeout=5)
+        wait_until(lambda: (0, True) in links, 5, "the link to peer 0 reported up")
+    finally:
+        sender.close()
+        receiver.close()

@@ -159,6 +159,8 @@ class Transport:
         if self.keys is not None:
             self._authenticator = start_authenticator(self._context, self.keys)
             secure_router(router, self.keys)
+        # the monitor before the bind: a connection accepted first would be unknown to the guard
+        monitor = router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
         own = ipc_endpoint(self.endpoints[self.rank]) if self._ipc and self.rank < len(self.endpoints) else None
         for endpoint, if_taken in ((self.bind_endpoint, "another run may hold it: choose another --base-port"),
                                    (own, "another process here announces the same endpoint, or pass --no-ipc")):
@@ -167,12 +169,14 @@ class Transport:
             try:
                 router.bind(endpoint)
             except zmq.ZMQError as exc:
+                router.disable_monitor()
+                monitor.close(linger=0)
                 router.close(0)
                 hint = f"; {if_taken}" if exc.errno == zmq.EADDRINUSE else ""
                 raise PeerUnreachable(f"peer {self.rank} cannot listen on {endpoint}: {exc.strerror}{hint}") from exc
         self._router = router
         loop = asyncio.get_running_loop()
-        self._monitor = router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+        self._monitor = monitor
         self._guards = [loop.create_task(self._guard_forever())]
         self._receiver = loop.create_task(self._receive_forever(router))
         self._failed = loop.create_future()
@@ -328,18 +332,22 @@ class Transport:
                 secure_dealer(socket, self.keys, dest)
             local = ipc_endpoint(self.endpoints[dest]) if self._ipc else None
             address = local or self.endpoints[dest]
+            outbox = _Outbox(dest, socket, asyncio.Queue(self._queue_depth))
+            # The monitor goes on before the connect: a handshake completed before it would never be
+            # reported, and the mailbox would take a link it never saw up for none (a hello in that
+            # neighbour's name would then be believed as a restart).
+            if self._on_link is not None:
+                outbox.monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             try:
                 socket.connect(address)
             except zmq.ZMQError as exc:
-                socket.close(0)
+                outbox.close(0)
                 raise PeerUnreachable(f"cannot connect to peer {dest} at {address}: {exc.strerror}") from exc
             self.routes[dest] = "ipc" if local else "tcp"
-            outbox = _Outbox(dest, socket, asyncio.Queue(self._queue_depth))
             loop = asyncio.get_running_loop()
             outbox.task = loop.create_task(self._send_forever(outbox))
             outbox.task.add_done_callback(self._note_failure)
-            if self._on_link is not None:
-                outbox.monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            if outbox.monitor is not None:
                 outbox.watcher = loop.create_task(self._watch_link(outbox))
                 outbox.watcher.add_done_callback(self._note_failure)
             self._outboxes[dest] = outbox
