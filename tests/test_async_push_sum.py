@@ -102,10 +102,13 @@ def moved(before: torch.Tensor, after: torch.Tensor) -> bool:
     return not torch.allclose(after, before, rtol=8 * torch.finfo(torch.float32).eps, atol=0)
 
 
-def test_consensus_contracts_at_least_as_fast_as_the_second_eigenvalue(launch_run):
+def test_consensus_contracts_per_step_within_one_step_of_delay_of_the_second_eigenvalue(launch_run):
     """The consensus task on a ring of 8 at equal speeds (no training): while every peer is stepping, the
-    copies' distance from the exact mean shrinks per step at least at the synchronous rate, the
-    second-largest eigenvalue modulus of W (what arrives during a step is mixed at the next one)."""
+    copies' distance from the exact mean shrinks per step geometrically, at least at the rate of the
+    synchronous mix applied every other step, sqrt(SLEM of W): what a step sends is mixed by the receiver at
+    its next step, or one later when the message is still in flight (eight peers on two cores, as in CI).
+    Measured: 0.80-0.84 per step against SLEM 0.805; the synchronous bound itself failed about one run in
+    two on a 2-core machine (2 and 3 of 4 runs on two commits of 2026-11-25)."""
     nodes = 8
     run = launch_run("--mode", "gossip-async", "--task", "consensus", "--steps", "80", "--dim", "16",
                      "--compute-ms", "10", nodes=nodes)
@@ -123,4 +126,4 @@ def test_consensus_contracts_at_least_as_fast_as_the_second_eigenvalue(launch_ru
                                                 state(min(times[-1] for times in step_times)))
     assert steps_last - steps_first >= 20 and last > 1e-12  # (a window long enough, above rounding)
     rate = (last / first) ** (1 / (steps_last - steps_first))
-    assert rate <= topologies.build("ring", nodes).slem(0), rate
+    assert rate <= topologies.build("ring", nodes).slem(0) ** 0.5, rate
