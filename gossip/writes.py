@@ -53,8 +53,10 @@ class WriteWatch:
         """Call ``before_write`` before the next write (once)."""
         self._callback = before_write
 
-    def disarm(self) -> None:
-        self._callback = None
+    @property
+    def armed(self) -> bool:
+        """``arm``ed, and no write has come since."""
+        return self._callback is not None
 
     def versions(self) -> int:
         """The sum of the parameters' version counters, which every in-place operation on a parameter

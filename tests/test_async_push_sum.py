@@ -107,8 +107,8 @@ def test_consensus_contracts_per_step_within_one_step_of_delay_of_the_second_eig
     copies' distance from the exact mean shrinks per step geometrically, at least at the rate of the
     synchronous mix applied every other step, sqrt(SLEM of W): what a step sends is mixed by the receiver at
     its next step, or one later when the message is still in flight (eight peers on two cores, as in CI).
-    Measured: 0.80-0.84 per step against SLEM 0.805; the synchronous bound itself failed about one run in
-    two on a 2-core machine (2 and 3 of 4 runs on two commits of 2026-11-25)."""
+    The synchronous bound itself (SLEM 0.805) failed about one run in two on a 2-core machine, 2 and 3 of 4
+    runs on two commits of 2026-11-25, at 0.805-0.844 per step."""
     nodes = 8
     run = launch_run("--mode", "gossip-async", "--task", "consensus", "--steps", "80", "--dim", "16",
                      "--compute-ms", "10", nodes=nodes)

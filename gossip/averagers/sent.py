@@ -11,7 +11,7 @@ not change:
 - With overlap, a write before the next mix (an optimizer step, a forward pass that updates averaged
   buffers; ``gossip/writes.py``) first copies the weights sent uncopied: that copy is the snapshot the mix
   reads (``copy_before_write``). If ZeroMQ still reads them, the weights move to the copy instead.
-- A copied snapshot is overwritten by the next one once ZeroMQ has let go of it (``copy_free``).
+- A copied snapshot is overwritten by the next one once ZeroMQ has let go of it (``snapshot_free``).
 
 Whether the next snapshot is copied during the mix or the weights go uncopied (``copy_next``) follows the
 last interval between mixing points: written (training) or not. The values mixed are the same either way.
@@ -47,15 +47,15 @@ class SentWeights:
                 and config.aggregate == "mean" and config.deadline == "fixed" and rank not in config.byzantine)
         self._watch = WriteWatch(flat) if lazy else None
 
-    def copy_next(self, live_pending: bool) -> bool:
+    def copy_next(self) -> bool:
         """Overlap, at a mixing point: must the next snapshot be copied? Yes when the weights were written
         since the last mixing point (training), or without a watch (GPU, adaptive deadlines, robust
-        aggregates, ``lazy_snapshot`` off). ``live_pending``: the last round's weights went uncopied and
-        no write copied them; had they changed unseen, the mix could not know what was sent: say so and
+        aggregates, ``lazy_snapshot`` off). If the last round's weights went uncopied and no write was seen
+        since (the watch still armed) but they changed, the mix cannot know what was sent: say so and
         copy every round from now on."""
         if self._watch is None or self._watch.take_written():
             return True
-        if live_pending and self._watch.versions() != self._versions:
+        if self._watch.armed and self._watch.versions() != self._versions:
             log.warning("peer %d: the weights changed in place outside an optimizer step while being sent; "
                         "each round copies them from now on (set lazy_snapshot=False for such a loop)", self.rank)
             self.close()

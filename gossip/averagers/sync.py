@@ -107,7 +107,7 @@ class SyncGossip(GossipAverager):
             return
         # Copy the next snapshot during the mix if the weights were written since the last mixing point
         # (training); else the next round most likely leaves them alone too, and they go uncopied.
-        copy = self.sent.copy_next(live_pending=self._pending is not None and self._pending[1] is None)
+        copy = self.sent.copy_next()
         snapshot = self._complete_round(take_snapshot=copy, final=False)
         round = self._open_round()
         if not copy:

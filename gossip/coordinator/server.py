@@ -27,11 +27,11 @@ from gossip.coordinator.mailboxes import QueueMailbox
 from gossip.coordinator.modes import SENDS_WEIGHTS, build_core, server_optimizer
 from gossip.device import cpu_state
 from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped, TransportError
-from gossip.signals import raise_if_signalled
 from gossip.flat import FlatParams
 from gossip.health import model_problem
 from gossip.metrics import EventLog
 from gossip.net.wire import Header, Message, encode, params_header
+from gossip.signals import raise_if_signalled
 from gossip.tasks import TaskContext, build_task
 
 log = logging.getLogger("gossip.server")
