@@ -35,6 +35,7 @@ from gossip.averagers import Averager
 from gossip.config import RunConfig
 from gossip.device import cpu_state, resolve_device
 from gossip.errors import CheckpointError, ConfigError, GossipError, Stopped
+from gossip.exit import exit_now
 from gossip.metrics import EventLog, finite_or_none
 from gossip.signals import raise_if_signalled, stop_on_signals
 from gossip.tasks import Task, TaskContext, build_task
@@ -282,4 +283,4 @@ def name_logs(name: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,5 +1,4 @@
-import sys
-
+from gossip.exit import exit_now
 from launch.cli import main
 
-sys.exit(main())
+exit_now(main())

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gossip.errors import ConfigError, TaskError
+from gossip.exit import exit_now
 from launch.flags import FLAGS, FlagParser, add_flags, config_from_args, rendezvous_from_args
 
 PROG = "gossip-launch"
@@ -61,4 +62,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry_point() -> Any:
-    sys.exit(main())
+    exit_now(main())

@@ -27,6 +27,7 @@ from typing import Any
 
 from gossip.config import RendezvousConfig, RunConfig
 from gossip.errors import ConfigError, TaskError
+from gossip.exit import exit_now
 from gossip.net.address import bindable
 from gossip.rendezvous import Plan, hosts_server_endpoint, plan_rendezvous
 from launch.flags import (
@@ -176,8 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry_point() -> None:
-    sys.exit(main())
+    exit_now(main())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

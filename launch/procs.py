@@ -23,6 +23,8 @@ import time
 import traceback
 from pathlib import Path
 
+from gossip.exit import exit_now
+
 START_METHODS = ("fork", "exec") if hasattr(os, "fork") else ("exec",)
 
 
@@ -96,9 +98,7 @@ def _run_forked_peer(argv: list[str], log_path: Path, env: dict[str, str], appen
     except Exception:  # a bug: print it into the peer's log; ``finally`` still ends the child
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_now(code)
 
 
 def start_peer(method: str, argv: list[str], log_path: Path, env: dict[str, str], append: bool = False,

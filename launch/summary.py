@@ -24,6 +24,7 @@ import torch
 
 from gossip.config import RunConfig
 from gossip.errors import ConfigError, Diverged, GossipError
+from gossip.exit import exit_now
 from gossip.health import model_problem
 from gossip.tasks import TaskContext, build_task
 from launch.events import read_events
@@ -277,4 +278,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

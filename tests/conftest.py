@@ -2,9 +2,11 @@
 do, bounded in time; polling for a condition (``wait_until``); and in-process peers on loopback
 (``endpoints``, ``vector_model``, ``run_peers``, one thread per peer).
 
-Every multi-process test goes through ``launch_run``: the launcher runs as a real subprocess under a
-timeout; its peers receive SIGTERM if it dies (PR_SET_PDEATHSIG), and afterwards any peer PID listed in
-peers.json that is still alive is killed, so a hang fails the test instead of freezing CI.
+Every multi-process test goes through ``launch_run`` or ``start_launcher``: the launcher runs as a
+process of its own, under a timeout; its peers receive SIGTERM if it dies (PR_SET_PDEATHSIG), and
+afterwards any peer PID listed in peers.json that is still alive is killed, so a hang fails the test
+instead of freezing CI. The launchers are forked from one warmed process (``tests/launcher.py`` says why
+and what that leaves out); a few tests run ``python -m launch`` itself.
 
 Tests that start processes are marked ``slow``: every user of ``launch_run`` by the hook below, the
 others by hand. ``python -m pytest -m "not slow"`` is the quick subset (pure tests and in-process
@@ -18,7 +20,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -29,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from tests.launcher import Launched, LauncherServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -170,21 +173,44 @@ def consensus_distance(x: np.ndarray) -> float:
     return float(np.sqrt(((x - x.mean(0)) ** 2).sum(1).mean()))
 
 
+_server: list[LauncherServer] = []  # started by the first launcher a session needs
+
+
+def start_launcher(out: Path, nodes: int, *args: str, base_port: int | None = None, progress: str = "off",
+                   plot: bool | None = False, env: dict[str, str] | None = None) -> Launched:
+    """Start the launcher of ``launcher_command(out, nodes, *args, ...)``, forked from the session's warmed
+    process, with ``env`` added to its environment; stdout and stderr go to files beside ``out``."""
+    if not _server:
+        _server.append(LauncherServer(ROOT))
+    argv = launcher_command(out, nodes, *args, base_port=base_port, progress=progress, plot=plot)[3:]
+    return _server[0].start(argv, ROOT, out.with_name(out.name + ".stdout"), out.with_name(out.name + ".stderr"),
+                            env)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    while _server:
+        _server.pop().close()
+
+
 @pytest.fixture
 def launch_run(tmp_path):
-    """Run ``python -m launch`` with free ports and a fresh --out; returns a ``Run``."""
+    """Run the launcher (``start_launcher``) with free ports and a fresh --out; returns a ``Run``."""
     outs: list[tuple[Path, bool]] = []
 
     def run(*args: str, nodes: int = 4, timeout: float = 150, expect_ok: bool = True, name: str = "run",
             plot: bool = False) -> Run:
         out = tmp_path / name
-        command = launcher_command(out, nodes, *args, progress="plain", plot=plot)
+        launcher = start_launcher(out, nodes, *args, progress="plain", plot=plot)
         outs.append((out, False))
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        try:
+            stdout, stderr = launcher.communicate(timeout=timeout)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
         outs[-1] = (out, True)
-        result = Run(proc.returncode, proc.stdout, proc.stderr, out)
-        if expect_ok and proc.returncode != 0:
-            pytest.fail(f"launcher exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+        result = Run(launcher.returncode, stdout, stderr, out)
+        if expect_ok and result.returncode != 0:
+            pytest.fail(f"launcher exited {result.returncode}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}")
         return result
 
     yield run

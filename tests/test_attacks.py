@@ -9,8 +9,6 @@ attacker" is exact: every peer's final model equals that of the same run without
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +17,9 @@ import torch
 
 from gossip.compression import encode_difference_, scratch_numel
 from gossip.net.wire import Layout, encode, params_header
-from tests.conftest import ROOT, free_base_port, launcher_command, reap_peers, wait_until
+from tests.conftest import free_base_port, reap_peers, start_launcher, wait_until
 from tests.hostile import Stranger, forged, victim_layout
+from tests.launcher import Launched
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 NODES = 4
@@ -28,14 +27,12 @@ RUN = ["--steps", "250", "--compute-ms", "20"]
 
 
 def _start(out: Path, *extra: str, run: list[str] = RUN, nodes: int = NODES,
-           env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
+           env: dict[str, str] | None = None) -> tuple[Launched, int]:
     base = free_base_port(nodes + 1)
-    command = launcher_command(out, nodes, *run, *extra, base_port=base)
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}), base
+    return start_launcher(out, nodes, *run, *extra, base_port=base, env=env), base
 
 
-def _finish(launcher: subprocess.Popen, out: Path) -> tuple[int, str]:
+def _finish(launcher: Launched, out: Path) -> tuple[int, str]:
     try:
         _, stderr = launcher.communicate(timeout=180)
     finally:

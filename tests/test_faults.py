@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, launcher_command, reap_peers, wait_until
+from tests.conftest import ROOT, reap_peers, start_launcher, wait_until
+from tests.launcher import Launched
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -22,12 +23,11 @@ def events(path) -> list[dict]:
         return []
 
 
-def start(out, nodes: int, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(launcher_command(out, nodes, *args), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def start(out, nodes: int, *args: str) -> Launched:
+    return start_launcher(out, nodes, *args)
 
 
-def run_to_end(launcher: subprocess.Popen, out, action=lambda: None, timeout: float = 240) -> tuple[str, str]:
+def run_to_end(launcher: Launched, out, action=lambda: None, timeout: float = 240) -> tuple[str, str]:
     """Do ``action`` (a fault) during the run, then wait for the launcher; kill whatever is left after."""
     try:
         action()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from tests.conftest import ROOT, free_base_port, launcher_command, reap_peers, wait_until
+from tests.conftest import free_base_port, reap_peers, start_launcher, wait_until
 from tests.hostile import attack, victim_layout
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -16,8 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def test_a_peer_under_fire_keeps_training_and_counts_every_drop(tmp_path):
     out, nodes, steps = tmp_path / "run", 4, 400
     base = free_base_port(nodes)
-    command = launcher_command(out, nodes, "--steps", str(steps), "--compute-ms", "15", base_port=base)
-    launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = start_launcher(out, nodes, "--steps", str(steps), "--compute-ms", "15", base_port=base)
     try:
         wait_until(lambda: '"round": 5' in _read(out / "peer-0.jsonl"), 90, "peer 0 to reach round 5")
         sent = attack(f"tcp://127.0.0.1:{base}", victim_layout(world_size=nodes), nodes, count=11_000)

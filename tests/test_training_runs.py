@@ -88,6 +88,23 @@ def test_async_with_a_slow_peer_finishes_and_logs_staleness(launch_run):
     assert summary["mean_test_accuracy"] >= 0.85
 
 
+@pytest.mark.slow
+def test_the_command_of_the_readme_runs_as_users_start_it(tmp_path):
+    """``python -m launch`` in a fresh interpreter, at every default but where its files and ports go (the
+    other launcher tests fork theirs from a warmed process): it imports what it needs, trains, prints the
+    whole summary (its output is flushed before it skips the interpreter's teardown) and exits 0."""
+    out = tmp_path / "default"
+    command = launcher_command(out, 4, progress="auto", plot=None)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=150, cwd=ROOT)
+    reap_peers(out, grace=5)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mode"] == "gossip-sync" and summary["accuracy"] >= 0.92, summary["accuracy"]
+    assert all(p["steps"] == 300 for p in summary["peers"])
+    assert proc.stdout.endswith(f"results                  {out}/ (summary.json, summary.png, peer-<rank>.jsonl, "
+                                "model-*.pt)\n"), proc.stdout[-500:]
+
+
 def test_a_failing_peer_is_named_and_the_run_fails(launch_run):
     run = launch_run("--task", "tests.tasks:fails_on_rank_2", "--steps", "300", nodes=3, expect_ok=False)
     assert run.returncode == 1
