@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -15,6 +16,12 @@ NODES, BYZANTINE = 6, 3
 
 def honest(run) -> list[dict]:
     return [p for p in run.summary["peers"] if p["rank"] != BYZANTINE]
+
+
+def largest_weights(run) -> list[float]:
+    """The largest |w| of each honest peer's final model."""
+    return [max(float(t.abs().max()) for t in torch.load(run.out / f"model-{p['rank']}.pt", weights_only=True).values())
+            for p in honest(run)]
 
 
 def test_with_the_mean_one_byzantine_peer_ruins_every_honest_peer(launch_run):
@@ -27,6 +34,7 @@ def test_with_the_mean_one_byzantine_peer_ruins_every_honest_peer(launch_run):
     assert all(p["dropped"] == {} for p in summary["peers"])  # the garbage passed validation
     assert all(p["test_accuracy"] < 0.5 for p in honest(run)), [p["test_accuracy"] for p in honest(run)]
     assert summary["final_model"]["accuracy"] < 0.5
+    assert min(largest_weights(run)) > 10, largest_weights(run)  # what the robust rules' bound below rules out
 
 
 @pytest.mark.parametrize("aggregate,topology,mode,steps", [
@@ -41,11 +49,16 @@ def test_robust_aggregation_keeps_the_honest_peers_training(launch_run, aggregat
     summary = run.summary
     assert summary["byzantine"] == [BYZANTINE] and summary["aggregate"] == aggregate
     assert all(p["dropped"] == {} for p in summary["peers"])  # 1e30 garbage reached the aggregation
+    # the exact part of the claim: no honest weight ever took a value from the garbage (an aggregate is
+    # clamped to the range of the honest values it kept), so every honest model stays at the scale of a
+    # clean run's (largest |w| 0.8-1.2 here) against the 1e30 the Byzantine peer sends
+    largest = largest_weights(run)
+    assert max(largest) < 10, largest
     accuracies = [p["test_accuracy"] for p in honest(run)]
     assert summary["mean_test_accuracy"] >= 0.85 and summary["final_model"]["accuracy"] >= 0.85, accuracies
-    # gossip-async peers race: one that runs ahead holds fewer than 3 fresh snapshots and trains alone for
-    # a while (the mean does too, then ending 0.84-0.94 at 150 steps here), so its floor is lower
-    assert min(accuracies) >= (0.85 if mode == "gossip-sync" else 0.75), accuracies
+    # gossip-async peers race: six runs here ended every honest peer at 0.905-0.942, but one peer that ran
+    # ahead on a loaded machine once ended at 0.65; a poisoned peer lands below 0.5 (the test above)
+    assert min(accuracies) >= (0.85 if mode == "gossip-sync" else 0.5), accuracies
     assert math.isfinite(summary["consensus_distance"])
     if mode == "gossip-async":
         mixes = [e for e in run.events(0) if e["event"] == "step" and e["mixed"] and "last_mix" in e]
