@@ -180,6 +180,8 @@ def start_launcher(out: Path, nodes: int, *args: str, base_port: int | None = No
                    plot: bool | None = False, env: dict[str, str] | None = None) -> Launched:
     """Start the launcher of ``launcher_command(out, nodes, *args, ...)``, forked from the session's warmed
     process, with ``env`` added to its environment; stdout and stderr go to files beside ``out``."""
+    if _server and not _server[0].alive():  # (a server that died fails the test that saw it, not the rest)
+        _server.pop()
     if not _server:
         _server.append(LauncherServer(ROOT))
     argv = launcher_command(out, nodes, *args, base_port=base_port, progress=progress, plot=plot)[3:]

@@ -88,6 +88,9 @@ class LauncherServer:
             raise RuntimeError(f"the launcher server ended (exit {self._proc.wait(30)})")
         return Launched(int(answer), stdout, stderr, status)
 
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
     def close(self) -> None:
         self._proc.stdin.close()
         self._proc.wait(30)
