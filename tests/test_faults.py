@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from launch.events import read_events
 from tests.conftest import ROOT, reap_peers, start_launcher, wait_until
 from tests.launcher import Launched
 
@@ -17,10 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def events(path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except OSError:
-        return []
+    """The complete lines of a log that may still be growing (a line being written is not read yet)."""
+    return read_events(path)
 
 
 def start(out, nodes: int, *args: str) -> Launched:
