@@ -19,7 +19,10 @@ Three implementations of the same round, measured in the same run on the same ma
   preallocated buffers, then the same mix; ``gloo-exchange`` is the same without the mix.
 
 Every peer is its own process with one torch thread. Reported: seconds per round (the slowest peer's
-mean over the timed rounds, after warm-up rounds; the median of the repeats), and the ratio to gloo. The
+mean over the timed rounds, after warm-up rounds; the median of the repeats), the ratio to gloo, and the
+CPU time a peer spends per round in all its threads (``getrusage``: the training thread, our event loop,
+ZeroMQ's I/O thread, pyzmq's thread that frees zero-copy frames, gloo's threads). With three peers on two
+cores, a round's wall time follows its CPU time. The
 repeats go round-robin over the variants, so each variant's run has a gloo run beside it, and the ratio
 given is the median of those paired ratios (the machines are shared: load moves between minutes).
 
@@ -34,12 +37,15 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import re
+import resource
 import socket
 import sys
+import threading
 import time
 from functools import partial
-from statistics import median
 from pathlib import Path
+from statistics import median
 
 import torch
 
@@ -48,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 WORLD = 3
 MB = 1 << 20
 KEYDIR = ROOT / "bench" / "results" / "exchange-keys"  # --secure variant: key pairs for the 3 peers
+Timing = tuple[float, float, dict[str, float]]  # per round: wall seconds, CPU seconds, CPU seconds by thread
 
 
 _baseline_mb = 0.0  # resident MB of this peer process with its model built, before any exchange machinery
@@ -65,7 +72,8 @@ def mix(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def run_gossip(rank: int, numel: int, rounds: int, warmup: int, port: int, secure: str = "",
-               overlap: bool = True, ipc: bool = True, compress: str = "none", lazy: bool = True) -> float:
+               overlap: bool = True, ipc: bool = True, compress: str = "none",
+               lazy: bool = True) -> Timing:
     import gossip
 
     model = torch.nn.Linear(1, 1, bias=False)
@@ -75,10 +83,7 @@ def run_gossip(rank: int, numel: int, rounds: int, warmup: int, port: int, secur
                        secure=secure, overlap=overlap, ipc=ipc, compress=compress, lazy_snapshot=lazy) as averager:
         for _ in range(warmup):
             averager.step()
-        begin = time.perf_counter()
-        for _ in range(rounds):
-            averager.step()
-        return (time.perf_counter() - begin) / rounds
+        return timed(averager.step, rounds)
 
 
 def _pyzmq_ring(rank: int, port: int, ipc: bool = False):
@@ -103,19 +108,46 @@ def _pyzmq_ring(rank: int, port: int, ipc: bool = False):
     return context, router, dealers
 
 
-def _time_pyzmq(context, one_round, rounds: int, warmup: int) -> float:
-    for _ in range(warmup):
-        one_round()
-    begin = time.perf_counter()
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of each thread of this process, by name: Python's name for a Python thread
+    (MainThread: the training loop; gossip-loop-R: our event loop; Thread-N: pyzmq's collector, which frees
+    zero-copy frames), the kernel's for the others (ZMQbg/IO/0: ZeroMQ's I/O thread; gloo_tcp_loop)."""
+    named = {t.native_id: t.name for t in threading.enumerate()}
+    seconds: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            name = named.get(int(tid)) or Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
+
+
+def timed(one_round, rounds: int) -> Timing:
+    """Run ``rounds`` rounds: (wall seconds, CPU seconds of the whole process, every thread, and of each
+    thread that lived through them) per round."""
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    threads, begin, cpu_begin = thread_cpu(), time.perf_counter(), cpu()
     for _ in range(rounds):
         one_round()
-    elapsed = (time.perf_counter() - begin) / rounds
+    elapsed, total, after = (time.perf_counter() - begin) / rounds, (cpu() - cpu_begin) / rounds, thread_cpu()
+    return elapsed, total, {name: (after[name] - threads[name]) / rounds for name in after if name in threads}
+
+
+def _time_pyzmq(context, one_round, rounds: int, warmup: int) -> Timing:
+    for _ in range(warmup):
+        one_round()
+    elapsed = timed(one_round, rounds)
     time.sleep(0.5)  # let the neighbours finish their last receive before the sockets go
     context.destroy(linger=0)
     return elapsed
 
 
-def run_pyzmq(rank: int, numel: int, rounds: int, warmup: int, port: int) -> float:
+def run_pyzmq(rank: int, numel: int, rounds: int, warmup: int, port: int) -> Timing:
     x = torch.full((numel,), float(rank))
     mark_baseline()
     context, router, dealers = _pyzmq_ring(rank, port)
@@ -132,7 +164,8 @@ def run_pyzmq(rank: int, numel: int, rounds: int, warmup: int, port: int) -> flo
     return _time_pyzmq(context, one_round, rounds, warmup)
 
 
-def run_pyzmq_frames(rank: int, numel: int, rounds: int, warmup: int, port: int, ipc: bool = False) -> float:
+def run_pyzmq_frames(rank: int, numel: int, rounds: int, warmup: int, port: int,
+                     ipc: bool = False) -> Timing:
     """The cheapest round we know with pyzmq: the live buffer sent uncopied in 8 MiB frames (tracked, so it
     is not changed while ZeroMQ reads it), every received frame checked by a sum as ``gossip.net.wire`` does,
     then a cache-blocked mix of three arrays. No threads, headers or mailbox: a floor for --no-overlap."""
@@ -168,7 +201,8 @@ def run_pyzmq_frames(rank: int, numel: int, rounds: int, warmup: int, port: int,
     return _time_pyzmq(context, one_round, rounds, warmup)
 
 
-def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int, mixing: bool = True) -> float:
+def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int,
+             mixing: bool = True) -> Timing:
     import torch.distributed as dist
 
     x = torch.full((numel,), float(rank))
@@ -188,10 +222,7 @@ def run_gloo(rank: int, numel: int, rounds: int, warmup: int, port: int, mixing:
     for _ in range(warmup):
         one_round()
     dist.barrier()
-    begin = time.perf_counter()
-    for _ in range(rounds):
-        one_round()
-    elapsed = (time.perf_counter() - begin) / rounds
+    elapsed = timed(one_round, rounds)
     dist.barrier()
     dist.destroy_process_group()
     return elapsed
@@ -213,10 +244,11 @@ RUNNERS = {"gossip": run_gossip, "gossip-no-overlap": partial(run_gossip, overla
 
 def _peer(variant: str, rank: int, numel: int, rounds: int, warmup: int, port: int, results: mp.Queue) -> None:
     torch.set_num_threads(1)
-    elapsed = RUNNERS[variant](rank, numel, rounds, warmup, port)
+    elapsed, cpu, threads = RUNNERS[variant](rank, numel, rounds, warmup, port)
     with open("/proc/self/status") as status:  # VmHWM: ru_maxrss would carry the spawning parent's size over
         peak = int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) / 1024
-    results.put((rank, elapsed, peak, peak - _baseline_mb))
+    threads = {re.sub(r"-\d+$", "", name): seconds for name, seconds in threads.items()}  # (gossip-loop-R)
+    results.put((rank, elapsed, peak, peak - _baseline_mb, cpu, threads))
 
 
 def free_port_block(count: int) -> int:
@@ -232,9 +264,10 @@ def free_port_block(count: int) -> int:
     raise RuntimeError("no free ports")
 
 
-def measure(variant: str, size_mb: float, rounds: int, warmup: int) -> tuple[float, float, float]:
+def measure(variant: str, size_mb: float, rounds: int, warmup: int) -> tuple[float, float, float, float, dict]:
     """(seconds per round of the slowest peer, peak resident MB of the largest peer, the largest peak
-    beyond a peer's resident memory before its exchange began, with its model built, in models)."""
+    beyond a peer's resident memory before its exchange began, with its model built, in models, the CPU
+    seconds a peer spends per round in all its threads, and in each thread, the means over the peers)."""
     numel = int(size_mb * MB) // 4
     context = mp.get_context("spawn")
     results = context.Queue()
@@ -251,7 +284,8 @@ def measure(variant: str, size_mb: float, rounds: int, warmup: int) -> tuple[flo
             if proc.is_alive():
                 proc.kill()
     return (max(r[1] for r in reports), max(r[2] for r in reports),
-            max(r[3] for r in reports) / (numel * 4 / MB))
+            max(r[3] for r in reports) / (numel * 4 / MB), sum(r[4] for r in reports) / len(reports),
+            {name: sum(r[5].get(name, 0.0) for r in reports) / len(reports) for name in reports[0][5]})
 
 
 def main() -> None:
@@ -278,16 +312,19 @@ def main() -> None:
         variants = args.variants.split(",")
         # Round-robin: every repeat measures each variant once, back to back, so that a ratio compares runs
         # that met the same load on this shared machine (a variant's repeats in one block would not).
-        runs: dict[str, list[tuple[float, float, float]]] = {variant: [] for variant in variants}
+        runs: dict[str, list[tuple[float, float, float, float, dict]]] = {variant: [] for variant in variants}
         for _ in range(args.repeats):
             for variant in variants:
                 runs[variant].append(measure(variant, size, rounds, warmup))
         for variant in variants:
-            samples = [elapsed for elapsed, _, _ in runs[variant]]
+            samples = [elapsed for elapsed, *_ in runs[variant]]
             row[variant] = median(samples)
             row[f"{variant}_all"] = [round(s, 5) for s in samples]
-            row[f"{variant}_peak_rss_mb"] = [round(rss) for _, rss, _ in runs[variant]]
-            row[f"{variant}_extra_models"] = [round(extra, 2) for _, _, extra in runs[variant]]
+            row[f"{variant}_peak_rss_mb"] = [round(rss) for _, rss, *_ in runs[variant]]
+            row[f"{variant}_extra_models"] = [round(extra, 2) for _, _, extra, *_ in runs[variant]]
+            row[f"{variant}_cpu_ms"] = [round(cpu * 1e3, 3) for _, _, _, cpu, _ in runs[variant]]
+            row[f"{variant}_thread_cpu_ms"] = [{name: round(t * 1e3, 3) for name, t in threads.items() if t > 0}
+                                               for *_, threads in runs[variant]]
             if "gloo" in runs and variant != "gloo":  # each repeat's ratio to the gloo run beside it
                 row[f"{variant}_ratios"] = [round(ours[0] / gloo[0], 3) for ours, gloo in zip(runs[variant],
                                                                                                runs["gloo"])]
@@ -313,8 +350,9 @@ LABELS = {"gossip": "gossip round", "gossip-no-overlap": "gossip round, --no-ove
 
 
 def print_table(rows: list[dict], variants: list[str]) -> None:
-    """The markdown table of BENCHMARKS.md: median seconds per round, then each variant's ratio to gloo + mix:
-    the median of the repeats' ratios to the gloo run beside each, with their range."""
+    """The markdown tables of BENCHMARKS.md: median seconds per round, then each variant's ratio to gloo + mix:
+    the median of the repeats' ratios to the gloo run beside each, with their range; then the CPU a peer
+    spends per round, in all its threads (median of the repeats, with their range)."""
     ratios = [v for v in variants if v not in ("gloo", "gloo-exchange")] if "gloo" in variants else []
     print("\n| model | " + " | ".join(LABELS[v] for v in variants) + "".join(f" | {LABELS[v]} / gloo + mix"
                                                                              for v in ratios) + " |")
@@ -324,6 +362,19 @@ def print_table(rows: list[dict], variants: list[str]) -> None:
             f"{median(row[f'{v}_ratios']):.2f} ({min(row[f'{v}_ratios']):.2f}-{max(row[f'{v}_ratios']):.2f})"
             for v in ratios]
         print(f"| {row['size_mb']:.0f} MiB | " + " | ".join(cells) + " |")
+    print("\nCPU per peer per round, all threads (ms)\n\n| model | " + " | ".join(LABELS[v] for v in variants) + " |")
+    print("| --- |" + " --- |" * len(variants))
+    for row in rows:
+        cells = [f"{median(row[f'{v}_cpu_ms']):.2f} ({min(row[f'{v}_cpu_ms']):.2f}-{max(row[f'{v}_cpu_ms']):.2f})"
+                 for v in variants]
+        print(f"| {row['size_mb']:.0f} MiB | " + " | ".join(cells) + " |")
+    print("\nBy thread, in the repeat of median CPU (ms per round; threads that lived through the timed rounds)\n")
+    for row in rows:
+        for v in variants:
+            cpus = row[f"{v}_cpu_ms"]
+            threads = row[f"{v}_thread_cpu_ms"][cpus.index(sorted(cpus)[len(cpus) // 2])]
+            print(f"- {row['size_mb']:.0f} MiB, {LABELS[v]}: " + ", ".join(
+                f"{name} {ms:.2f}" for name, ms in sorted(threads.items(), key=lambda item: -item[1]) if ms >= 0.01))
 
 
 if __name__ == "__main__":
