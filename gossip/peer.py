@@ -42,7 +42,8 @@ from gossip.tasks import Task, TaskContext, build_task
 
 log = logging.getLogger("gossip.peer")
 MAX_TRACE_RECORDS = 200
-STEP_EXTRAS = ("staleness", "last_mix", "weight", "deadline_misses", "stragglers")  # mode-specific step fields
+STEP_EXTRAS = ("staleness", "last_mix", "last_mixed_rounds", "weight", "deadline_misses",
+               "stragglers")  # mode-specific step fields
 
 
 class Trace:

@@ -1,6 +1,7 @@
 """gossip-async's push-sum rule, checked by exact invariants on real peer processes: the network's mass and
-weighted mean are kept, every step moves the mean by exactly its 1/N share, a message is mixed once, and
-consensus contracts at least at the graph's synchronous rate."""
+weighted mean are kept, every step moves the mean by exactly its 1/N share, a message is mixed once, every
+mix replays exactly from the peers' traces, and consensus contracts at least at the graph's synchronous
+rate."""
 
 from __future__ import annotations
 
@@ -102,17 +103,26 @@ def moved(before: torch.Tensor, after: torch.Tensor) -> bool:
     return not torch.allclose(after, before, rtol=8 * torch.finfo(torch.float32).eps, atol=0)
 
 
-def test_consensus_contracts_per_step_within_one_step_of_delay_of_the_second_eigenvalue(launch_run):
-    """The consensus task on a ring of 8 at equal speeds (no training): while every peer is stepping, the
-    copies' distance from the exact mean shrinks per step geometrically, at least at the rate of the
-    synchronous mix applied every other step, sqrt(SLEM of W): what a step sends is mixed by the receiver at
-    its next step, or one later when the message is still in flight (eight peers on two cores, as in CI).
-    The synchronous bound itself (SLEM 0.805) failed about one run in two on a 2-core machine, 2 and 3 of 4
-    runs on two commits of 2026-11-25, at 0.805-0.844 per step."""
-    nodes = 8
-    run = launch_run("--mode", "gossip-async", "--task", "consensus", "--steps", "80", "--dim", "16",
+def test_consensus_replays_exactly_and_contracts_within_one_step_of_delay_of_the_second_eigenvalue(launch_run):
+    """The consensus task on a ring of 8 at equal speeds (no training).
+
+    Exact: every mixing point of every peer is the push-sum formula applied to the snapshots it names
+    (``last_mixed_rounds``: sender -> the rounds of its messages this mix took), replayed from the peers'
+    traces in float64: z_i = ((w_i - sum_j m_j) s_i + sum_j m_j s_j) / w_i with m_j = W_ij w_j at the round
+    j sent, and no message is mixed twice.
+
+    A band: while every peer is stepping, the copies' distance from the exact mean shrinks per step
+    geometrically, at least at the rate of the synchronous mix applied every other step, sqrt(SLEM of W):
+    what a step sends is mixed by the receiver at its next step, or one later when the message is still in
+    flight (eight peers on two cores, as in CI). The synchronous bound itself (SLEM 0.805) failed about one
+    run in two on a 2-core machine, 2 and 3 of 4 runs on two commits of 2026-11-25, at 0.805-0.844 per
+    step."""
+    nodes, steps = 8, 80
+    run = launch_run("--mode", "gossip-async", "--task", "consensus", "--steps", str(steps), "--dim", "16",
                      "--compute-ms", "10", nodes=nodes)
-    traces = [np.load(run.out / f"trace-{rank}.npz")["values"] for rank in range(nodes)]
+    recorded = [np.load(run.out / f"trace-{rank}.npz") for rank in range(nodes)]
+    traces = [trace["values"] for trace in recorded]
+    replay_push_sum(run, recorded, nodes, steps)
     step_times = [[e["time"] for e in run.events(rank) if e["event"] == "step"] for rank in range(nodes)]
     mean = np.stack([trace[0] for trace in traces]).mean(0)
 
@@ -127,3 +137,29 @@ def test_consensus_contracts_per_step_within_one_step_of_delay_of_the_second_eig
     assert steps_last - steps_first >= 20 and last > 1e-12  # (a window long enough, above rounding)
     rate = (last / first) ** (1 / (steps_last - steps_first))
     assert rate <= topologies.build("ring", nodes).slem(0) ** 0.5, rate
+
+
+def replay_push_sum(run, recorded: list, nodes: int, steps: int) -> None:
+    """Every mix of every peer equals the push-sum formula on the snapshots it names (trace row k: the
+    model and weight after k rounds; step k completes round k - 2, so its mix is row k - 1)."""
+    row = topologies.build("ring", nodes).mixing_matrix(0)
+    values = [trace["values"] for trace in recorded]
+    weights = [trace["weights"] for trace in recorded]
+    assert all(list(trace["rounds"]) == list(range(steps + 1)) for trace in recorded)  # a row per round
+    worst, mixes = 0.0, 0
+    for i in range(nodes):
+        taken: set[tuple[int, int]] = set()
+        for event in run.events(i):
+            if event["event"] != "step" or event["step"] < 2:
+                continue
+            k = event["step"] - 1
+            named = [(int(j), r) for j, rounds in event["last_mixed_rounds"].items() for r in rounds]
+            assert not taken & set(named), (i, event)  # each message mixed once
+            taken |= set(named)
+            terms = [(float(row[i, j]) * weights[j][r], values[j][r]) for j, r in named]
+            mass = sum(m for m, _ in terms)
+            replayed = ((weights[i][k] - mass) * values[i][k - 1] + sum(m * s for m, s in terms)) / weights[i][k]
+            worst = max(worst, float(np.abs(replayed - values[i][k]).max()))
+            mixes += len(named)
+    assert mixes >= nodes * steps, mixes  # (two in-neighbours each: most messages were mixed while stepping)
+    assert worst <= 1e-12, worst

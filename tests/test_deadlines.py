@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from gossip.averagers.mailboxes import MassMailbox
+from gossip.averagers.mailboxes import MAX_NOTED, MassMailbox
 from gossip.deadlines import MIN_OBSERVATIONS, ArrivalDeadlines
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.flat import FlatParams
@@ -115,10 +115,24 @@ def test_a_sender_far_ahead_is_merged_without_losing_mass():
     a, b, c = (torch.randn(5, dtype=torch.float64) for _ in range(3))
     for round, (values, weight) in enumerate([(a, 1.0), (b, 3.0), (c, 2.0)]):
         box.deliver(None, message(flat, 1, round, values, weight=weight))
-    parts = box.take_all()[1].parts
+    held = box.take_all()[1]
+    parts = held.parts
     assert len(parts) == 2 and sum(m for m, _ in parts) == pytest.approx(0.25 * (1 + 3 + 2))
     total = sum(m * chunks[0] for m, chunks in parts)
     torch.testing.assert_close(total, 0.25 * a + 0.75 * b + 0.5 * c, rtol=0, atol=1e-14)
+    assert held.rounds == [0, 1, 2]  # merged or not, each message's round is named for a replay
+
+
+def test_a_flooding_sender_is_held_in_bounded_memory():
+    """However many messages a sender pushes between two mixes, two parts are held and the first
+    ``MAX_NOTED`` rounds noted; the mass is all there."""
+    flat = layout_of(torch.zeros(5, dtype=torch.float64))
+    box = mailbox(flat, {1: 0.25})
+    for round in range(3 * MAX_NOTED):
+        box.deliver(None, message(flat, 1, round, torch.full((5,), float(round), dtype=torch.float64), weight=1.0))
+    held = box.take_all()[1]
+    assert len(held.parts) == 2 and held.rounds == list(range(MAX_NOTED))
+    assert held.mass == pytest.approx(0.25 * 3 * MAX_NOTED)
 
 
 def test_a_replayed_round_and_a_stranger_are_refused():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -96,7 +96,8 @@ class RoundMailbox(Mailbox):
             return self._rounds.pop(round, {})
 
 
-MAX_PARTS = 2  # messages per sender held unmerged; one beyond is merged into the oldest on arrival
+MAX_PARTS = 2  # messages per sender held unmerged; one beyond is merged into the latest on arrival
+MAX_NOTED = 16  # rounds per sender noted between two mixing points (``Mass.rounds``); a flood notes no more
 
 
 @dataclass
@@ -106,13 +107,16 @@ class Mass:
     ahead of our mixing gets merged on arrival (on the loop thread), so memory stays bounded."""
 
     parts: list[tuple[float, list[torch.Tensor]]]
+    rounds: list[int] = field(default_factory=list)  # the rounds of the messages held, the first MAX_NOTED
 
     @property
     def mass(self) -> float:
         return sum(mass for mass, _ in self.parts)
 
-    def add(self, mass: float, chunks: list[torch.Tensor]) -> None:
+    def add(self, mass: float, chunks: list[torch.Tensor], round: int) -> None:
         """Hold one more message; merging keeps the sum: m1 z1 + m2 z2 = (m1 + m2) lerp(z1, z2, m2 / (m1 + m2))."""
+        if len(self.rounds) < MAX_NOTED:
+            self.rounds.append(round)
         if len(self.parts) < MAX_PARTS:
             self.parts.append((mass, chunks))
             return
@@ -156,7 +160,7 @@ class MassMailbox(Mailbox):
         mass = self.share(sender, round) * message.header.weight
         held = self._pending.setdefault(sender, Mass([]))
         if mass > 0:
-            held.add(mass, message.chunks)
+            held.add(mass, message.chunks, round)
 
     def wait_for(self, round: int, deadlines: dict[int, float]) -> set[int]:
         """Wait until each sender's ``round`` message is in or its deadline (``time.monotonic()``) passed;

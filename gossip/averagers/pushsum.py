@@ -151,7 +151,7 @@ class AsyncPushSum(SyncGossip):
         if final:
             with self._timed_wait():
                 self.mailbox.wait_drained(self._peers_in_any_round(), self.config.round_timeout)
-        return [part for held in self.mailbox.take_all().values() for part in held.parts]
+        return self._take_mass()
 
     def _finish(self) -> None:
         """Say bye to everyone we may have sent to, then drain: mix in every in-neighbour's last messages."""

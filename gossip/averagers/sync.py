@@ -80,6 +80,7 @@ class SyncGossip(GossipAverager):
                                           cfg.straggler_fraction, cfg.pace_tolerance)
         self._wait_started: dict[int, float] = {}  # round -> when we started waiting for it (adaptive)
         self.sent = SentWeights(self.flat, cfg, self.rank)
+        self.last_mixed_rounds: dict[str, list[int]] = {}  # sender -> rounds of its messages the last mix took
 
     @property
     def adaptive(self) -> bool:
@@ -252,7 +253,14 @@ class SyncGossip(GossipAverager):
             else:
                 self._wait_deadlines(round, senders)
         self._note_arrivals(round)
-        return [part for held in self.mailbox.take_all().values() for part in held.parts]
+        return self._take_mass()
+
+    def _take_mass(self) -> list[tuple[float, list[torch.Tensor]]]:
+        """(mass, model chunks) of every message with mass the mailbox holds; notes their rounds per sender
+        (``last_mixed_rounds``: which snapshot of each neighbour this mixing point adds, for a replay)."""
+        taken = self.mailbox.take_all()
+        self.last_mixed_rounds = {str(j): held.rounds for j, held in sorted(taken.items()) if held.rounds}
+        return [part for held in taken.values() for part in held.parts]
 
     def _wait_deadlines(self, round: int, senders: tuple[int, ...]) -> None:
         start = self._wait_started[round] = time.monotonic()
@@ -295,4 +303,6 @@ class SyncGossip(GossipAverager):
         stats["relocated"] = self.sent.relocated
         if self.config.deadline == "adaptive":
             stats.update(self.deadlines.statistics(), late_mixed=self.late_mixed)
+        if self.adaptive:  # (push-sum mass, mixed whenever it comes)
+            stats["last_mixed_rounds"] = self.last_mixed_rounds
         return stats
