@@ -112,10 +112,11 @@ def _run_launcher(request: dict) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()  # the test's environment now, as a subprocess would inherit it
         os.environ.update(request["env"])
-        null_fd = os.open(os.devnull, os.O_RDONLY)
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-        os.dup2(null_fd, 0)
+        for fd, opened in ((0, os.open(os.devnull, os.O_RDONLY)),
+                           (1, os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)),
+                           (2, os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))):
+            os.dup2(opened, fd)
+            os.close(opened)  # (the launcher and its peers inherit only 0, 1 and 2)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
         random.seed()  # what a fresh interpreter would draw, not the server's state
         sys.argv = ["launch", *request["argv"]]

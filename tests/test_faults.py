@@ -17,15 +17,6 @@ from tests.launcher import Launched
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def events(path) -> list[dict]:
-    """The complete lines of a log that may still be growing (a line being written is not read yet)."""
-    return read_events(path)
-
-
-def start(out, nodes: int, *args: str) -> Launched:
-    return start_launcher(out, nodes, *args)
-
-
 def run_to_end(launcher: Launched, out, action=lambda: None, timeout: float = 240) -> tuple[str, str]:
     """Do ``action`` (a fault) during the run, then wait for the launcher; kill whatever is left after."""
     try:
@@ -39,19 +30,19 @@ def run_to_end(launcher: Launched, out, action=lambda: None, timeout: float = 24
 
 def test_a_killed_parameter_server_resumes_from_its_checkpoint(tmp_path):
     out = tmp_path / "run"
-    launcher = start(out, 3, "--mode", "ps-async", "--steps", "300", "--compute-ms", "10", "--checkpoint-every", "20",
-                     "--max-restarts", "1", "--round-timeout", "3")
+    launcher = start_launcher(out, 3, "--mode", "ps-async", "--steps", "300", "--compute-ms", "10",
+                              "--checkpoint-every", "20", "--max-restarts", "1", "--round-timeout", "3")
 
     def fault() -> None:
         # version 101's event is written only after version 100's checkpoint (the server works in order)
-        wait_until(lambda: any(e["event"] == "update" and e["version"] >= 101 for e in events(out / "server.jsonl")),
-                   90, "the server's update to version 101")
+        wait_until(lambda: any(e["event"] == "update" and e["version"] >= 101
+                               for e in read_events(out / "server.jsonl")), 90, "the server's update to version 101")
         os.kill(json.loads((out / "peers.json").read_text())[-1]["pid"], signal.SIGKILL)
 
     stdout, stderr = run_to_end(launcher, out, fault)
     assert launcher.returncode == 0, stderr[-3000:]
     assert "server failed (exit -9)" in stderr and "restarted it with --resume (1 of 1)" in stderr
-    log = events(out / "server.jsonl")
+    log = read_events(out / "server.jsonl")
     resumed = [e for e in log if e["event"] == "resume"]
     assert resumed and resumed[0]["found"] and resumed[0]["version"] >= 100  # from the last checkpoint
     assert resumed[0]["version"] % 20 == 0
@@ -59,15 +50,15 @@ def test_a_killed_parameter_server_resumes_from_its_checkpoint(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_model"]["accuracy"] >= 0.85
     assert end["versions"] >= 300  # the run went on well past the crash
-    rejoins = [e.get("rejoins", 0) for rank in range(3) for e in events(out / f"peer-{rank}.jsonl")
+    rejoins = [e.get("rejoins", 0) for rank in range(3) for e in read_events(out / f"peer-{rank}.jsonl")
                if e["event"] == "end"]
     assert sum(rejoins) >= 1  # workers found the restarted server by saying hello again
 
 
 def test_a_worker_that_dies_in_ps_sync_is_named_after_the_timeout(tmp_path):
     out = tmp_path / "run"
-    launcher = start(out, 3, "--mode", "ps-sync", "--steps", "2000", "--compute-ms", "5", "--round-timeout", "2",
-                     "--task", "tests.tasks:worker_1_dies", "--keep-going")
+    launcher = start_launcher(out, 3, "--mode", "ps-sync", "--steps", "2000", "--compute-ms", "5",
+                              "--round-timeout", "2", "--task", "tests.tasks:worker_1_dies", "--keep-going")
     stdout, stderr = run_to_end(launcher, out, timeout=120)
     assert launcher.returncode == 1
     last = stderr.strip().splitlines()[-1]
@@ -76,12 +67,13 @@ def test_a_worker_that_dies_in_ps_sync_is_named_after_the_timeout(tmp_path):
 
 def test_ps_sync_can_go_on_without_a_dead_worker(tmp_path):
     out = tmp_path / "run"
-    launcher = start(out, 3, "--mode", "ps-sync", "--steps", "200", "--compute-ms", "5", "--round-timeout", "2",
-                     "--missing-worker", "continue", "--task", "tests.tasks:worker_1_dies", "--keep-going")
+    launcher = start_launcher(out, 3, "--mode", "ps-sync", "--steps", "200", "--compute-ms", "5",
+                              "--round-timeout", "2", "--missing-worker", "continue", "--task",
+                              "tests.tasks:worker_1_dies", "--keep-going")
     stdout, stderr = run_to_end(launcher, out, timeout=120)
     assert launcher.returncode == 0, stderr[-2000:]
     assert "peer 1 failed (exit 9)" in stderr and "going on without it (--keep-going)" in stderr
-    server = events(out / "server.jsonl")
+    server = read_events(out / "server.jsonl")
     assert [e["worker"] for e in server if e["event"] == "gone"] == [1]
     updates = [e for e in server if e["event"] == "update"]
     assert all(sorted(u["workers"]) == [0, 1, 2] for u in updates[:29])  # all three until it died
@@ -91,12 +83,12 @@ def test_ps_sync_can_go_on_without_a_dead_worker(tmp_path):
 
 
 def end_events(out, ranks) -> dict[int, dict]:
-    return {r: next(e for e in events(out / f"peer-{r}.jsonl") if e["event"] == "end") for r in ranks}
+    return {r: next(e for e in read_events(out / f"peer-{r}.jsonl") if e["event"] == "end") for r in ranks}
 
 
 def kill_peer_after(out, rank: int, steps: int) -> None:
     """SIGKILL peer ``rank`` once it has logged ``steps`` steps."""
-    wait_until(lambda: sum(e["event"] == "step" for e in events(out / f"peer-{rank}.jsonl")) >= steps, 90,
+    wait_until(lambda: sum(e["event"] == "step" for e in read_events(out / f"peer-{rank}.jsonl")) >= steps, 90,
                f"peer {rank}'s step {steps}")
     os.kill(json.loads((out / "peers.json").read_text())[rank]["pid"], signal.SIGKILL)
 
@@ -105,14 +97,14 @@ def kill_peer_after(out, rank: int, steps: int) -> None:
     "gossip-sync", "gossip-async", "gossip-async --async-rule latest", "gossip-sync --no-overlap"])
 def test_a_killed_gossip_peer_is_restarted_from_its_checkpoint_and_rejoins(tmp_path, mode):
     out = tmp_path / "run"
-    launcher = start(out, 6, "--mode", *mode.split(), "--steps", "400", "--compute-ms", "10",
-                     "--checkpoint-every", "20", "--max-restarts", "1")
+    launcher = start_launcher(out, 6, "--mode", *mode.split(), "--steps", "400", "--compute-ms", "10",
+                              "--checkpoint-every", "20", "--max-restarts", "1")
     stdout, stderr = run_to_end(launcher, out, lambda: kill_peer_after(out, 3, 150))
     assert launcher.returncode == 0, stderr[-3000:]
     assert "peer 3 failed (exit -9)" in stderr and "restarted it with --resume (1 of 1)" in stderr
-    resumed = [e for e in events(out / "peer-3.jsonl") if e["event"] == "resume"]
+    resumed = [e for e in read_events(out / "peer-3.jsonl") if e["event"] == "resume"]
     assert resumed and resumed[0]["found"] and resumed[0]["step"] >= 140 and resumed[0]["step"] % 20 == 0
-    ready = [e for e in events(out / "peer-3.jsonl") if e["event"] == "ready"]
+    ready = [e for e in read_events(out / "peer-3.jsonl") if e["event"] == "ready"]
     assert ready[-1]["step"] >= resumed[0]["step"]  # it caught up with the others instead of lagging behind
     summary = json.loads((out / "summary.json").read_text())
     accuracy = {p["rank"]: p["test_accuracy"] for p in summary["peers"]}
@@ -133,13 +125,13 @@ def test_a_dead_peer_is_declared_dead_the_others_go_on_and_it_rejoins_later_by_h
     declare the peer dead before it comes back. (gossip-async took the same path in RELIABILITY.md's run.)"""
     mode = "gossip-sync"
     out = tmp_path / "run"
-    launcher = start(out, 6, "--mode", mode, "--steps", "800", "--compute-ms", "20", "--checkpoint-every", "20",
-                     "--keep-going", "--peer-timeout", "1")
+    launcher = start_launcher(out, 6, "--mode", mode, "--steps", "800", "--compute-ms", "20",
+                              "--checkpoint-every", "20", "--keep-going", "--peer-timeout", "1")
     again = None
     try:
         kill_peer_after(out, 3, 100)
         wait_until(lambda: "peer 3 is dead" in (out / "peer-2.log").read_text(), 60, "peer 2 to declare peer 3 dead")
-        survivors = [e for e in events(out / "peer-2.jsonl") if e["event"] == "step"]
+        survivors = [e for e in read_events(out / "peer-2.jsonl") if e["event"] == "step"]
         again = subprocess.Popen([sys.executable, "-m", "gossip.peer", str(out / "config.json"), "--rank", "3",
                                   "--resume"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         stdout, stderr = launcher.communicate(timeout=240)
