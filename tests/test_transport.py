@@ -73,6 +73,49 @@ def test_loopback_neighbours_are_reached_over_the_unix_socket_unless_ipc_is_off(
         receiver.close()
 
 
+def test_posts_arrive_whole_and_in_order_whether_or_not_they_wait_for_room():
+    """A post that finds room in every queue hands its message over without waiting for the loop; one that
+    does not waits. With a short queue and a fast sender both kinds mix; nothing is lost or reordered."""
+    eps = endpoints(2)
+    received = []
+    receiver = Transport(0, eps[0], eps, lambda identity, frames, connection: received.append(frames[0].bytes))
+    sender = Transport(1, eps[1], eps, lambda identity, frames, connection: None, TransportConfig(queue_depth=2))
+    receiver.start()
+    sender.start()
+    try:
+        sent = [str(i).encode() for i in range(300)]
+        for payload in sent:
+            sender.post([0], [payload], latest_only=False, timeout=5)
+        wait_until(lambda: len(received) >= len(sent), 10, lambda: f"{len(received)} of {len(sent)} messages")
+        assert received == sent
+        assert sender.statistics()["messages_sent"] == len(sent)
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_posts_to_a_neighbour_that_reads_nothing_stop_at_the_queue_depth():
+    """However posts reach the queue (at once or by waiting for room), it never holds more than
+    ``queue_depth`` messages: three more places let exactly three more posts through before one times out."""
+    def accepted(depth: int) -> int:
+        eps = endpoints(2)  # nobody listens on eps[0]: what is sent there stays with us
+        sender = Transport(1, eps[1], eps, lambda identity, frames, connection: None,
+                           TransportConfig(queue_depth=depth))
+        sender.start()
+        try:
+            for count in range(100):
+                try:
+                    sender.post([0], [b"x"], latest_only=False, timeout=0.3)
+                except PeerTimeout as exc:
+                    assert "peer(s) 0" in str(exc)
+                    return count
+            raise AssertionError("100 posts to a neighbour that reads nothing were all taken")
+        finally:
+            sender.close(flush_timeout=0)
+
+    assert accepted(4) - accepted(1) == 3
+
+
 def test_handler_rejections_are_dropped_not_raised():
     eps = endpoints(2)
 

@@ -3,7 +3,10 @@ queues and timeouts for one peer.
 
 One ROUTER is bound on the peer's endpoint and receives from everyone; one DEALER per destination is
 connected lazily and sends. Every socket belongs to the ``LoopThread`` (ZeroMQ sockets are not
-thread-safe); the training thread hands over messages with ``post`` and never touches a socket.
+thread-safe); the training thread hands over messages with ``post`` and never touches a socket. A post
+that finds room in the queue of every destination hands its message over without waiting for the loop
+(``_claim_room``: a blocking round trip between the threads per round was measurable in a small model's
+round); one that finds a queue full waits for the loop, up to its timeout.
 
 Socket options, deliberately:
 - ROUTER_MANDATORY: a ROUTER silently drops what it cannot route; we want an error instead.
@@ -130,6 +133,12 @@ class Transport:
         self.routes: dict[int, str] = {}  # destination -> "ipc" or "tcp", once connected
         self._thread = LoopThread(f"gossip-loop-{rank}")
         self._outboxes: dict[int, _Outbox] = {}
+        # messages posted to each destination without waiting, and of those the loop has queued: each
+        # counter has one writer (the posting threads under ``_posting``; the loop), so neither needs a lock
+        self._posting = threading.Lock()
+        self._posted: Counter[int] = Counter()
+        self._queued: Counter[int] = Counter()
+        self._waiting_puts: set[asyncio.Future[None]] = set()
         self._context: zmq.asyncio.Context | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
@@ -237,12 +246,52 @@ class Transport:
         memory, so the caller may write to it again."""
         self.raise_if_failed()
         if latest_only:
+            with self._posting:  # (it puts at most one message more in each queue)
+                for dest in dests:
+                    self._posted[dest] += 1
             self._thread.call_soon(self._post_latest, dests, frames)
             return None
         delivery = Delivery(len(dests)) if track else None
+        if self._claim_room(dests):  # no wait: hand it over without waiting for the loop to take it
+            self._thread.call_soon(self._post_claimed, dests, frames, delivery, time.monotonic())
+            return delivery
         self._thread.run(self._post_wait(dests, frames, delivery), timeout,
                          f"queueing a message for peer(s) {', '.join(map(str, dests))}")
         return delivery
+
+    def _claim_room(self, dests: Sequence[int]) -> bool:
+        """On the posting thread: claim a place in the queue of every destination in ``dests`` if each has one,
+        counting the messages posted to it that the loop has not queued yet. The loop only takes messages
+        out of a queue meanwhile (every put comes from a post, counted here), so a claim is never wrong,
+        at worst too cautious; without one the post waits for the loop as before."""
+        with self._posting:
+            for dest in dests:
+                outbox = self._outboxes.get(dest)  # (a dict read is atomic; a new outbox is made on the loop)
+                in_flight = self._posted[dest] - self._queued[dest]
+                if outbox is None or outbox.queue.qsize() + in_flight >= self._queue_depth:
+                    return False
+            for dest in dests:
+                self._posted[dest] += 1
+            return True
+
+    def _post_claimed(self, dests: Sequence[int], frames: list[Any], delivery: Delivery | None,
+                      posted_at: float) -> None:
+        for dest in dests:
+            item = (posted_at + self._delays[dest], frames, False, delivery)
+            try:
+                queue = self._outbox(dest).queue  # (forgotten since the claim: connects afresh, as a post would)
+            except PeerUnreachable as exc:
+                self.dropped["send-error"] += 1
+                log.warning("peer %d could not send to peer %d: %s", self.rank, dest, exc)
+                _settle(delivery, None)
+            else:
+                if queue.full():  # (a claim makes this impossible; should it happen, wait, losing nothing)
+                    waiting = asyncio.ensure_future(queue.put(item))
+                    self._waiting_puts.add(waiting)
+                    waiting.add_done_callback(self._waiting_puts.discard)
+                else:
+                    queue.put_nowait(item)
+            self._queued[dest] += 1
 
     def offer(self, dests: Sequence[int], frames: list[Any], timeout: float) -> list[int]:
         """Queue ``frames`` for each rank in ``dests`` whose queue is empty (its previous message is already
@@ -276,6 +325,7 @@ class Transport:
             for item in kept[queue.maxsize - 1:]:
                 _settle(item[3], None)
             queue.put_nowait((time.monotonic() + self._delays[dest], frames, True, None))
+            self._queued[dest] += 1
 
     async def _post_wait(self, dests: Sequence[int], frames: list[Any], delivery: Delivery | None) -> None:
         queued = 0
