@@ -38,7 +38,9 @@ drops a neighbour declared dead: its queue, its socket and its monitor, so nothi
 
 Same host (``ipc``): the ROUTER also listens on ``ipc_endpoint`` of the peer's own endpoint, and a DEALER
 to a neighbour announced on loopback connects there (``gossip/net/address.py`` says why only loopback);
-``routes`` records which transport each destination got.
+``routes`` records which transport each destination got. Each such connection gets a send buffer that
+holds a small model's whole message (``gossip/net/sendbuffer.py``; ``send_buffers`` records what the
+kernel granted).
 
 Emulated latency (``delays``, seconds per destination): each message is held in its outbox until its
 post time plus the delay, then sent; messages stay in order and pipelined (a second message does not wait
@@ -74,6 +76,7 @@ from gossip.errors import PeerTimeout, PeerUnreachable, ProtocolError, Transport
 from gossip.net.address import ipc_endpoint
 from gossip.net.inbound import CHECK_SECONDS, InboundGuard
 from gossip.net.loop import LoopThread
+from gossip.net.sendbuffer import enlarge_send_buffer
 from gossip.net.security import CurveKeys, secure_dealer, secure_router, start_authenticator
 from gossip.net.wire import MAX_CHUNK_BYTES, MAX_HEADER_BYTES
 
@@ -131,6 +134,7 @@ class Transport:
         self._delays = list(config.delays) or [0.0] * len(self.endpoints)
         self._ipc = config.ipc and zmq.has("ipc")
         self.routes: dict[int, str] = {}  # destination -> "ipc" or "tcp", once connected
+        self.send_buffers: dict[int, int] = {}  # destination -> bytes the kernel granted its Unix socket
         self._thread = LoopThread(f"gossip-loop-{rank}")
         self._outboxes: dict[int, _Outbox] = {}
         # messages posted to each destination without waiting, and of those the loop has queued: each
@@ -386,8 +390,10 @@ class Transport:
             # The monitor goes on before the connect: a handshake completed before it would never be
             # reported, and the mailbox would take a link it never saw up for none (a hello in that
             # neighbour's name would then be believed as a restart).
-            if self._on_link is not None:
-                outbox.monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            # On a Unix socket it also names the connection's descriptor, to enlarge its send buffer.
+            if self._on_link is not None or local:
+                outbox.monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                                           | (zmq.EVENT_CONNECTED if local else 0))
             try:
                 socket.connect(address)
             except zmq.ZMQError as exc:
@@ -422,8 +428,13 @@ class Transport:
 
     async def _watch_link(self, outbox: _Outbox) -> None:
         while True:
-            event = parse_monitor_message(await outbox.monitor.recv_multipart())["event"]
-            self._on_link(outbox.dest, event == zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            message = parse_monitor_message(await outbox.monitor.recv_multipart())
+            if message["event"] == zmq.EVENT_CONNECTED:  # (asked for on Unix sockets only)
+                granted = enlarge_send_buffer(int(message["value"]))
+                if granted is not None:
+                    self.send_buffers[outbox.dest] = granted
+            elif self._on_link is not None:
+                self._on_link(outbox.dest, message["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED)
 
     def _socket(self, kind: int, purpose: str) -> zmq.asyncio.Socket:
         try:
