@@ -47,6 +47,9 @@ class Mailbox:
         self.rejoining = False  # welcomes are taken only while we rejoin
         self.local_step = 0  # written by the training thread, read at arrival
         self._cond = threading.Condition()
+        # what each blocked ``_wait`` still misses (its predicate): a delivery wakes the waiters only when
+        # one of them misses nothing any more, not once per message
+        self._waiting: list[Callable[[], set[int]]] = []
         self._heard: set[int] = set()  # senders we have had any message from
         self.reported: dict[int, Header] = {}  # sender -> the header of its latest message (speed, pace)
         # Liveness (gossip modes): see ``link``, ``dead`` and ``take_restarted``.
@@ -101,7 +104,8 @@ class Mailbox:
                     if self.keep_first and sender in self.first and message.chunks:
                         self._first_models.setdefault(sender, [c.clone() for c in message.chunks])
             self._heard.add(sender)
-            self._cond.notify_all()
+            if not self._waiting or not all(missing() for missing in self._waiting):
+                self._cond.notify_all()
 
     def _check_claims(self, header: Header) -> None:
         """Bound every number a header carries by what the run allows, before anything changes."""
@@ -274,8 +278,12 @@ class Mailbox:
     def _wait(self, missing: Callable[[], set[int]], timeout: float) -> set[int]:
         deadline = time.monotonic() + timeout
         with self._cond:
-            while (left := missing()) and (remaining := deadline - time.monotonic()) > 0:
-                self._block(min(remaining, 0.5))
+            self._waiting.append(missing)
+            try:
+                while (left := missing()) and (remaining := deadline - time.monotonic()) > 0:
+                    self._block(min(remaining, 0.5))
+            finally:
+                self._waiting.remove(missing)
             return left
 
 
