@@ -146,6 +146,7 @@ class Transport:
         self._context: zmq.asyncio.Context | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
+        self._monitor_events: zmq.Socket | None = None  # the same socket, read without the event loop's help
         self._receiver: asyncio.Task[None] | None = None
         self._router_fd: int | None = None  # watched by the receive task
         self.failure: BaseException | None = None  # set when any task of ours dies of a bug
@@ -190,6 +191,7 @@ class Transport:
         self._router = router
         loop = asyncio.get_running_loop()
         self._monitor = monitor
+        self._monitor_events = zmq.Socket.shadow(monitor.underlying)
         self._guards = [loop.create_task(self._guard_forever())]
         self._receiver = loop.create_task(self._receive_forever(router))
         self._failed = loop.create_future()
@@ -453,14 +455,17 @@ class Transport:
         self._router_fd = ready.FD
         asyncio.get_running_loop().add_reader(self._router_fd, readable.set)
         while True:
+            readable.clear()
+            # ZeroMQ's descriptor signals changes, not readiness: reading EVENTS takes the pending ones and
+            # re-arms it, so a message that came meanwhile is seen here, not missed until the next. (Asking
+            # first also spares a failed read, and its exception, per message.)
+            if not ready.get(zmq.EVENTS) & zmq.POLLIN:
+                await readable.wait()
+                continue
             try:
                 message = ready.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                readable.clear()
-                # ZeroMQ's descriptor signals changes, not readiness: reading EVENTS takes the pending ones
-                # and re-arms it, so a message that came meanwhile is seen here, not missed until the next
-                if not ready.get(zmq.EVENTS) & zmq.POLLIN:
-                    await readable.wait()
+            except zmq.Again:  # (we are its only reader; should it happen, let the loop run and ask again)
+                await asyncio.sleep(0)
                 continue
             self._take(message)
             # A ready message does not yield; yield so that a flood of incoming messages cannot starve our
@@ -509,11 +514,9 @@ class Transport:
         message whose descriptor the guard does not know yet calls this first and then finds its
         connection named: a hello is never judged without knowing which connection it came on. The one
         reader of the monitor, so events are never handled out of order."""
-        while True:
-            try:
-                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK).result())
-            except zmq.Again:
-                return
+        events = self._monitor_events  # (read plainly: no future per read, no exception once empty)
+        while events.get(zmq.EVENTS) & zmq.POLLIN:
+            event = parse_monitor_message(events.recv_multipart(zmq.NOBLOCK))
             if event["event"] == zmq.EVENT_ACCEPTED:
                 self.guard.accepted(int(event["value"]))
             else:
