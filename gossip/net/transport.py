@@ -549,7 +549,8 @@ class Transport:
                 "messages_sent": self.messages_sent, "messages_received": self.messages_received,
                 "replaced": self.replaced,
                 "dropped": {**self.dropped, **{f"cut-{reason}": n for reason, n in self.guard.cut.items()}},
-                "routes": {str(dest): route for dest, route in sorted(self.routes.items())}}
+                "routes": {str(dest): route for dest, route in sorted(self.routes.items())},
+                "send_buffers": {str(dest): size for dest, size in sorted(self.send_buffers.items())}}
 
 
 class Delivery:
