@@ -11,9 +11,9 @@ time by about 15%; at 100 MiB they fell from about 540 to 27 per round and the r
 libzmq's ``SNDBUF`` option applies to TCP only (TCP's own buffers grow by themselves), so the transport
 sets the option on each Unix connection's descriptor, which its monitor names when the connection is
 made. The kernel caps the request at ``net.core.wmem_max`` and doubles what it grants (bookkeeping);
-where ``wmem_max`` is the common 208 KiB nothing changes, and raising it (``sysctl -w
-net.core.wmem_max=4194304``) is what lets this work. A larger buffer costs kernel memory only for the
-bytes actually in flight.
+where ``wmem_max`` is the common 208 KiB the grant is 416 KiB, twice the default but still short of a
+1 MiB message, and raising it (``sysctl -w net.core.wmem_max=4194304``) is what lets this work fully. A
+larger buffer costs kernel memory only for the bytes actually in flight.
 """
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ from gossip.errors import PeerTimeout, PeerUnreachable, ProtocolError, Transport
 from gossip.net.address import ipc_endpoint
 from gossip.net.inbound import CHECK_SECONDS, InboundGuard
 from gossip.net.loop import LoopThread
-from gossip.net.sendbuffer import enlarge_send_buffer
 from gossip.net.security import CurveKeys, secure_dealer, secure_router, start_authenticator
+from gossip.net.sendbuffer import enlarge_send_buffer
 from gossip.net.wire import MAX_CHUNK_BYTES, MAX_HEADER_BYTES
 
 log = logging.getLogger("gossip.net.transport")
