@@ -50,6 +50,7 @@ class Mailbox:
         # what each blocked ``_wait`` still misses (its predicate): a delivery wakes the waiters only when
         # one of them misses nothing any more, not once per message
         self._waiting: list[Callable[[], set[int]]] = []
+        self._blind = 0  # waiters blocked without a registered predicate (woken by every delivery)
         self._heard: set[int] = set()  # senders we have had any message from
         self.reported: dict[int, Header] = {}  # sender -> the header of its latest message (speed, pace)
         # Liveness (gossip modes): see ``link``, ``dead`` and ``take_restarted``.
@@ -104,7 +105,7 @@ class Mailbox:
                     if self.keep_first and sender in self.first and message.chunks:
                         self._first_models.setdefault(sender, [c.clone() for c in message.chunks])
             self._heard.add(sender)
-            if not self._waiting or not all(missing() for missing in self._waiting):
+            if self._blind or not self._waiting or not all(missing() for missing in self._waiting):
                 self._cond.notify_all()
 
     def _check_claims(self, header: Header) -> None:
@@ -263,12 +264,17 @@ class Mailbox:
             self.failure = exc
             self._cond.notify_all()
 
-    def _block(self, timeout: float) -> None:
+    def _block(self, timeout: float, predicate: bool = False) -> None:
         """``_cond.wait`` (lock held), raising ``TransportError`` once the transport has failed, and
-        ``Stopped`` for a SIGINT/SIGTERM whose raise was lost (``gossip/signals.py``)."""
+        ``Stopped`` for a SIGINT/SIGTERM whose raise was lost (``gossip/signals.py``). Without a
+        ``predicate`` registered in ``_waiting`` (``_wait``'s), every delivery wakes the waiter."""
         self._raise_if_failed()
         raise_if_signalled()
-        self._cond.wait(timeout)
+        self._blind += not predicate
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._blind -= not predicate
         self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
@@ -281,7 +287,7 @@ class Mailbox:
             self._waiting.append(missing)
             try:
                 while (left := missing()) and (remaining := deadline - time.monotonic()) > 0:
-                    self._block(min(remaining, 0.5))
+                    self._block(min(remaining, 0.5), predicate=True)
             finally:
                 self._waiting.remove(missing)
             return left

@@ -3,14 +3,18 @@ liveness on a clock the test advances."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
-from gossip.averagers.mailboxes import LatestMailbox, PushSumMailbox
+from gossip.averagers.mailboxes import LatestMailbox, MassMailbox, PushSumMailbox
 from gossip.coordinator.mailboxes import PER_WORKER, QueueMailbox
 from gossip.errors import ProtocolError
 from gossip.mailbox import CONFIRM_SECONDS
 from gossip.net.wire import Header, Layout, encode, params_header
+from tests.conftest import wait_until
 
 CHUNK = 256
 LAYOUT = Layout.describe([("w", (50,), "float32")], ["float32"], [50], CHUNK)
@@ -264,3 +268,24 @@ def test_a_genuine_bye_replaces_a_forged_one_that_claims_more_rounds():
     assert excinfo.value.reason == "after-bye"
     box.deliver(None, bye(1, 4))  # peer 1's own: one past round 3, the last it sent us
     assert box.bye_rounds == {1: 4}
+
+
+def test_a_delivery_wakes_a_waiter_without_a_predicate_even_when_a_predicate_waiter_still_misses_one():
+    """A delivery wakes the waiters only when one of them misses nothing any more, judged by the predicates
+    they registered; a wait that registered none (``wait_for``, its deadlines) is woken by every delivery,
+    whatever another thread still misses."""
+    box = MassMailbox(0, 4, LAYOUT, lambda sender, round: sender in RING[0], lambda sender, round: 0.5)
+    outcome: dict[str, object] = {}
+    hellos = threading.Thread(target=lambda: outcome.setdefault("hellos", box.wait_hellos({1, 3}, timeout=30)))
+    late = threading.Thread(target=lambda: outcome.setdefault(
+        "late", box.wait_for(0, {1: time.monotonic() + 30})))
+    hellos.start()
+    late.start()
+    wait_until(lambda: box._waiting and box._blind, 10, "both threads waiting")
+    box.deliver(None, params(1, 0))  # round 0 from peer 1: what wait_for waits for; no hello from 3 yet
+    late.join(10)
+    assert not late.is_alive() and outcome["late"] == set()
+    assert hellos.is_alive()  # still missing peer 3's hello
+    box.deliver(None, encode(Header(kind="hello", sender=3)))
+    hellos.join(10)
+    assert not hellos.is_alive() and outcome["hellos"] is None
