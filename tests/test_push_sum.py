@@ -59,8 +59,14 @@ def test_adaptive_deadlines_do_not_wait_for_a_slow_peer_and_keep_the_weighted_me
     assert float(weights.sum()) == pytest.approx(4.0, abs=1e-12)  # no mass created or lost
     torch.testing.assert_close(weights @ values / weights.sum(), start.mean(0), rtol=0, atol=1e-12)
     stats = [s for _, s in results]
-    assert stats[0]["stragglers"] == [3] and stats[2]["stragglers"] == [3] and stats[1]["stragglers"] == []
-    assert stats[0]["late_mixed"] > 0 and stats[0]["deadline_misses"]["3"] > steps // 2
+    # The slow peer is a chronic straggler to both its neighbours and misses most rounds there, more than
+    # the fast neighbour of each does. (Which fast peers also miss a deadline now and then depends on how
+    # busy the machine is: the four peers share one process and two cores.)
+    assert 3 in stats[0]["stragglers"] and 3 in stats[2]["stragglers"], [s["stragglers"] for s in stats]
+    for r in (0, 2):
+        misses = stats[r]["deadline_misses"]
+        assert misses["3"] > steps // 2 and misses["3"] > misses.get("1", 0), misses
+    assert stats[0]["late_mixed"] > 0
     # The fast peers ran their steps at their own pace (about 1/8 of the slow peer's time; paced by it, the
     # ratio would be about 1).
     assert all(stats[r]["busy"] < 0.6 * stats[3]["busy"] for r in range(3)), [s["busy"] for s in stats]
