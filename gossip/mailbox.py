@@ -264,17 +264,18 @@ class Mailbox:
             self.failure = exc
             self._cond.notify_all()
 
-    def _block(self, timeout: float, predicate: bool = False) -> None:
+    def _block(self, timeout: float, registered: bool = False) -> None:
         """``_cond.wait`` (lock held), raising ``TransportError`` once the transport has failed, and
-        ``Stopped`` for a SIGINT/SIGTERM whose raise was lost (``gossip/signals.py``). Without a
-        ``predicate`` registered in ``_waiting`` (``_wait``'s), every delivery wakes the waiter."""
+        ``Stopped`` for a SIGINT/SIGTERM whose raise was lost (``gossip/signals.py``). A waiter that has not
+        ``registered`` its predicate in ``_waiting`` (as ``_wait`` does) is woken by every delivery."""
         self._raise_if_failed()
         raise_if_signalled()
-        self._blind += not predicate
+        blind = 0 if registered else 1
+        self._blind += blind
         try:
             self._cond.wait(timeout)
         finally:
-            self._blind -= not predicate
+            self._blind -= blind
         self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
@@ -287,7 +288,7 @@ class Mailbox:
             self._waiting.append(missing)
             try:
                 while (left := missing()) and (remaining := deadline - time.monotonic()) > 0:
-                    self._block(min(remaining, 0.5), predicate=True)
+                    self._block(min(remaining, 0.5), registered=True)
             finally:
                 self._waiting.remove(missing)
             return left

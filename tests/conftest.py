@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 import torch
 
+from gossip.net.sendbuffer import SEND_BUFFER_BYTES
 from tests.launcher import Launched, LauncherServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +55,11 @@ def free_base_port(count: int) -> int:
         if ports_free(base, count):
             return base
     raise RuntimeError("no free port range found")
+
+
+def granted_send_buffer() -> int:
+    """The send buffer Linux grants a Unix connection for our request: capped at net.core.wmem_max, doubled."""
+    return 2 * min(SEND_BUFFER_BYTES, int(Path("/proc/sys/net/core/wmem_max").read_text()))
 
 
 def endpoints(count: int) -> list[str]:

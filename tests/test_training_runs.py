@@ -7,14 +7,21 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from gossip.net.sendbuffer import SEND_BUFFER_BYTES
 from launch.summary import average_state_dicts
-from tests.conftest import ROOT, alive, free_base_port, launcher_command, peer_pids, reap_peers, wait_until
+from tests.conftest import (
+    ROOT,
+    alive,
+    free_base_port,
+    granted_send_buffer,
+    launcher_command,
+    peer_pids,
+    reap_peers,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -48,8 +55,7 @@ def test_sync_ring_digits_trains_every_peer(launch_run):
     assert [e["routes"] for e in ends] == [{str((r - 1) % 4): "ipc", str((r + 1) % 4): "ipc"} for r in range(4)]
     assert [p["routes"] for p in summary["peers"]] == [e["routes"] for e in ends]
     # each of them with the send buffer asked for, as far as the kernel allows (net.core.wmem_max, doubled)
-    granted = 2 * min(SEND_BUFFER_BYTES, int(Path("/proc/sys/net/core/wmem_max").read_text()))
-    assert [e["send_buffers"] for e in ends] == [{j: granted for j in e["routes"]} for e in ends]
+    assert [e["send_buffers"] for e in ends] == [{j: granted_send_buffer() for j in e["routes"]} for e in ends]
     # every round is followed by an optimizer step, so overlap copied what it sent each round
     assert [e["snapshot_copies"] for e in ends] == [200] * 4
 

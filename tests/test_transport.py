@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +16,9 @@ from gossip.config import GossipConfig
 from gossip.errors import PeerTimeout, PeerUnreachable
 from gossip.flat import FlatParams
 from gossip.net.address import ipc_endpoint
-from gossip.net.sendbuffer import SEND_BUFFER_BYTES
 from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import Header, decode, encode, params_header
-from tests.conftest import endpoints, run_peers, vector_model, wait_until
+from tests.conftest import endpoints, granted_send_buffer, run_peers, vector_model, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,9 +70,8 @@ def test_loopback_neighbours_are_reached_over_the_unix_socket_unless_ipc_is_off(
         # the Unix connection's send buffer is what we asked for, as far as the kernel allows (it caps the
         # request at net.core.wmem_max and doubles it); TCP's is left to the kernel, which grows it itself
         if ipc:
-            wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
             wait_until(lambda: sender.send_buffers, 5, "the Unix connection's send buffer")
-            assert sender.send_buffers == {0: 2 * min(SEND_BUFFER_BYTES, wmem_max)}
+            assert sender.send_buffers == {0: granted_send_buffer()}
         else:
             assert sender.send_buffers == {}
     finally:

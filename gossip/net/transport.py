@@ -267,9 +267,9 @@ class Transport:
 
     def _claim_room(self, dests: Sequence[int]) -> bool:
         """On the posting thread: claim a place in the queue of every destination in ``dests`` if each has one,
-        counting the messages posted to it that the loop has not queued yet. The loop only takes messages
-        out of a queue meanwhile (every put comes from a post, counted here), so a claim is never wrong,
-        at worst too cautious; without one the post waits for the loop as before."""
+        counting the messages posted to it that the loop has not queued yet. Every other put is a post
+        counted here or one that finished queueing before its thread's post returned, so with one posting
+        thread a claim is never wrong, at worst too cautious; without one the post waits for the loop."""
         with self._posting:
             for dest in dests:
                 outbox = self._outboxes.get(dest)  # (a dict read is atomic; a new outbox is made on the loop)
@@ -291,7 +291,7 @@ class Transport:
                 log.warning("peer %d could not send to peer %d: %s", self.rank, dest, exc)
                 _settle(delivery, None)
             else:
-                if queue.full():  # (a claim makes this impossible; should it happen, wait, losing nothing)
+                if queue.full():  # (a waiting post of another thread took the place claimed: wait, lose nothing)
                     waiting = asyncio.ensure_future(queue.put(item))
                     self._waiting_puts.add(waiting)
                     waiting.add_done_callback(self._waiting_puts.discard)
