@@ -11,7 +11,10 @@ from gossip.net.security import CurveKeys, load_keys
 from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import DTYPES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, Layout
 
-RECV_QUEUE = 4  # complete messages one connection may park in libzmq (the protocol needs at most 2)
+# complete messages one connection may hold in libzmq beyond one being assembled before the inbound guard
+# cuts it (sync, push-sum and the ps modes keep a neighbour at most 2 ahead; gossip-async's latest rule
+# does not wait, so a neighbour on TCP that runs further ahead of a starved receiver is cut and reconnects)
+RECV_QUEUE = 4
 
 
 def build_transport(config: GossipConfig, rank: int, layout: Layout, mailbox: Mailbox, *,

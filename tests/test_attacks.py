@@ -91,6 +91,8 @@ def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
         assert stranger.endless_message(frame_bytes=1 << 20, frames=64)  # larger frames than this model has
         assert stranger.endless_message(frame_bytes=0, frames=3_000_000)  # 2 wire bytes, a 64-byte msg_t each
         assert stranger.idle(3 * NODES + 40)  # more connections than the cap (2 per rank + 16): cut
+        # a burst beyond a connection's queue with a PING in it, then a reset: aborted libzmq 4.3.5 itself
+        assert stranger.flood_ping_reset(messages=1024, rounds=5) == 5, "the victim stopped listening"
         release.touch()
         code, stderr = _finish(launcher, attacked)
     finally:

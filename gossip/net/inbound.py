@@ -1,19 +1,21 @@
 """What incoming connections may cost a peer: a cap on their number and on the bytes each may park.
 
 libzmq assembles a whole multipart message before the application sees any of it, and its limits do not
-bound that: ``MAXMSGSIZE`` applies to one frame and the receive high-water mark counts complete messages.
-A sender that streams frame after frame of one endless message therefore grows the receiver's memory
-without limit. No socket option closes that gap, so this module watches each accepted connection from
-outside libzmq:
+bound that: ``MAXMSGSIZE`` applies to one frame and the receive high-water mark counts complete messages
+(and is off on our ROUTER: a connection stopped by it can abort libzmq 4.3.5, ``gossip/net/transport.py``).
+A sender that streams frame after frame of one endless message, or message after message faster than we
+take them, therefore grows the receiver's memory without limit. No socket option closes that gap, so this
+module watches each accepted connection from outside libzmq:
 
 - the kernel counts the bytes it received on each TCP connection (``TCP_INFO``'s ``tcpi_bytes_received``);
 - the transport credits every complete message it takes from a connection (ZeroMQ tells which descriptor
   a message came through);
 - the difference, less what still waits in the kernel's receive queue (``FIONREAD``; the kernel bounds
   that by the socket's receive buffer), is what libzmq holds for that connection: complete messages in
-  its queue (at most the high-water mark of them) and the message being assembled. An honest sender's
-  difference stays below ``(queue + 2)`` messages of the largest size the protocol allows; a connection
-  beyond that is cut (``shutdown`` of the socket: libzmq sees the end of the stream and frees what it held).
+  its queue and the message being assembled. A sender that waits for us, as the protocol has it (every
+  mode but gossip-async's latest rule), stays below ``(queue + 2)`` messages of the largest size the
+  protocol allows; a connection beyond that is cut (``shutdown`` of the socket: libzmq sees the end of the
+  stream and frees what it held), and its sender's DEALER reconnects.
 
 The watch runs every ``CHECK_SECONDS`` on the event loop, so what one connection can hold is the limit
 plus what arrives in one interval. The limit is in wire bytes; in memory it is up to 32 times that for a

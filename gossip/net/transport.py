@@ -18,11 +18,18 @@ Socket options, deliberately:
   ``send_timeout``); under gossip-async's latest rule a send replaces the stale queued snapshot, while
   push-sum offers a message only where there is room (``offer``) and never replaces one, which would lose
   its mass.
-- RCVHWM bounds how many complete messages a connection can park in libzmq; MAXMSGSIZE (the largest frame
-  our model's layout has, plus the header's limit) disconnects a sender of an oversized frame before it
-  is read. Neither bounds one message of endless frames: ``gossip/net/inbound.py`` watches every accepted
-  connection's received bytes against what it delivered, cuts one that holds more than the protocol allows,
-  and caps the number of connections (``max_connections``; the oldest that never sent a valid message goes).
+- RCVHWM = 0 on the ROUTER: no count of queued messages stops a connection's input. libzmq 4.3.5 (the
+  one pyzmq bundles) aborts the process when a connection whose input that limit has stopped fails (the
+  sender resets it, or the guard below cuts it) with a ZMTP PING still unread in its buffer: once we
+  read again, the resumed input answers the PING on the failed connection (``Assertion failed:
+  !_io_error (src/stream_engine_base.cpp:310)``). A stranger did that with 2 KB, and a neighbour that
+  finished while we were four messages behind it did it in a test run. What a connection may hold is
+  bounded in bytes instead: ``gossip/net/inbound.py`` watches every accepted TCP connection's received
+  bytes against what we took from it and cuts one that holds more than ``recv_queue`` + 2 of our largest
+  messages (that also covers one message of endless frames, which no libzmq limit bounds), and caps the
+  number of connections (``max_connections``; the oldest that never sent a valid message goes).
+  MAXMSGSIZE (the largest frame our model's layout has, plus the header's limit) disconnects a sender of
+  an oversized frame before it is read.
 - HANDSHAKE_IVL: a connection that has not completed its handshake (CURVE included) within
   ``HANDSHAKE_SECONDS`` is closed, so an unauthenticated one cannot hold a descriptor for long.
 - LINGER = 0 everywhere, except that on close the DEALERs linger up to ``shutdown_timeout`` so the final
@@ -93,7 +100,7 @@ class TransportConfig:
 
     queue_depth: int = 8  # messages queued per neighbour before a waiting post waits
     shutdown_timeout: float = 10.0  # what close() may spend delivering what is queued
-    recv_queue: int = 256  # complete messages one connection may park in libzmq (RCVHWM)
+    recv_queue: int = 256  # our largest messages one connection may hold in libzmq beyond one being assembled
     keys: CurveKeys | None = None  # CurveZMQ on every socket when set (gossip/net/security.py)
     delays: tuple[float, ...] = ()  # emulated one-way latency per destination, seconds
     heartbeat_timeout: float = 3.0  # a neighbour silent this long is disconnected (also ZeroMQ's TTL)
@@ -124,7 +131,6 @@ class Transport:
         self._handler = handler
         self._queue_depth = config.queue_depth
         self._shutdown_timeout = config.shutdown_timeout
-        self._recv_queue = config.recv_queue
         self._max_frame = min(config.max_frame_bytes, MAX_CHUNK_BYTES) + MAX_HEADER_BYTES
         # what one connection may hold in libzmq: its queue of complete messages and one being assembled
         largest = max(config.max_message_bytes, MAX_HEADER_BYTES) if config.max_message_bytes else MAX_CHUNK_BYTES
@@ -167,7 +173,7 @@ class Transport:
         router = self._socket(zmq.ROUTER, "listen")
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.setsockopt(zmq.RCVHWM, self._recv_queue)
+        router.setsockopt(zmq.RCVHWM, 0)  # the guard bounds it in bytes (module docstring: why no count)
         router.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
         router.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_SECONDS * 1000))
         if self.keys is not None:
