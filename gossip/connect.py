@@ -13,7 +13,8 @@ from gossip.net.wire import DTYPES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, Layout
 
 # complete messages one connection may hold in libzmq beyond one being assembled before the inbound guard
 # cuts it (sync, push-sum and the ps modes keep a neighbour at most 2 ahead; gossip-async's latest rule
-# does not wait, so a neighbour on TCP that runs further ahead of a starved receiver is cut and reconnects)
+# does not wait: a neighbour on TCP that runs further ahead of a starved receiver is cut and reconnects,
+# and over the Unix socket, which the guard cannot count, its messages wait in libzmq unbounded)
 RECV_QUEUE = 4
 
 
