@@ -18,8 +18,8 @@ a later mixing point, whenever it comes.
 
 - **Mass is kept.** k = W_ii plus the shares W_ki of the out-neighbours the snapshot did not go to: a dead
   or finished one, one whose previous message still waits in our outbox, or one that flow control holds
-  back (``_answered``: at most ``FLOW_WINDOW`` unanswered messages per link; a massless ping until it
-  first answers).
+  back (``FlowWindow``, ``gossip/averagers/flow.py``: at most ``FLOW_WINDOW`` unanswered messages per
+  link, sent again once the neighbour has sent us something; a massless ping until it first answers).
   Sending never blocks and never replaces an unsent message (which would lose its mass): the share stays
   with us and leaves with a later snapshot. So sum_i w_i plus the mass in flight is N at every moment and
   the weighted mean sum_i x_i / sum_i w_i moves only by local progress (tested to 1e-9).
@@ -57,14 +57,13 @@ a later mixing point, whenever it comes.
 
 from __future__ import annotations
 
-from collections import Counter
-
+from gossip.averagers.flow import FlowWindow
 from gossip.averagers.mailboxes import PushSumMailbox
 from gossip.averagers.sync import SyncGossip
 from gossip.errors import PeerTimeout
 from gossip.net.wire import Header, encode
 
-FLOW_WINDOW = 1  # messages per link that may wait unanswered (see _answered)
+FLOW_WINDOW = 1  # messages per link that may wait unanswered (gossip/averagers/flow.py)
 CREDIT_BOUND = 4.0  # a step moves z by at most this many times what the optimizer did (weight below 1 / 4)
 
 
@@ -72,10 +71,8 @@ class AsyncPushSum(SyncGossip):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._last_sent: dict[int, int] = {}  # out-neighbour -> the last round we queued a snapshot for it
-        self._heard_mark: dict[int, int] = {}  # out-neighbour -> messages we had from it at its last answer
-        self._unanswered: Counter[int] = Counter()  # out-neighbour -> our messages since it last sent to us
+        self.flow = FlowWindow(FLOW_WINDOW)
         self._said_bye: set[int] = set()  # peers told we send them nothing more (they finished, or we did)
-        self.held_back: Counter[int] = Counter()  # out-neighbour -> snapshots not sent (flow control)
         self.credit_bounded = 0  # mixing points whose progress was credited with less than 1 (_credit)
 
     @property
@@ -103,7 +100,7 @@ class AsyncPushSum(SyncGossip):
         round = self.rounds
         dests = [k for k in self._live_out_neighbours(round) if k not in self.mailbox.bye_rounds]  # (finished)
         heard = {k: self.mailbox.received[k] for k in dests}  # (before sending: what arrives later is newer)
-        ready = [k for k in dests if self._answered(k, round, heard[k])]
+        ready = [k for k in dests if self.flow.ready(k, heard[k], self._answers_us(k, round))]
         pings = [k for k in ready if heard[k] == 0 and self._answers_us(k, round)]
         # told we finished (a bye forged in our name): a massless message undoes that at once
         pings += [k for k in sorted(self.mailbox.take_contradicted()) if k in dests and k not in ready]
@@ -114,24 +111,12 @@ class AsyncPushSum(SyncGossip):
                                              self.config.send_timeout)
                 sent += taken if weight else []
                 for dest in taken:
-                    if heard[dest] > self._heard_mark.get(dest, -1):
-                        self._heard_mark[dest], self._unanswered[dest] = heard[dest], 0
+                    self.flow.sent(dest, heard[dest])
                     self._last_sent[dest] = round
-                    self._unanswered[dest] += 1
-        self.held_back.update(k for k in dests if k not in sent)
+        self.flow.hold(k for k in dests if k not in sent)
         column = self.topology.mixing_matrix(round)[:, self.rank]
         keep = 1.0 - sum(float(column[k]) for k in sent)
         self._pending = (round, snapshot, self.weight, keep)
-
-    def _answered(self, dest: int, round: int, heard: int) -> bool:
-        """Flow control: send to ``dest`` again only once it has sent us something since our last message to
-        it (it is stepping, so that message is mixed at its next step), where it sends to us at all; at most
-        ``FLOW_WINDOW`` messages wait unanswered. A slow neighbour thus holds at most that many messages of
-        ours, and our mass stays with us instead of piling up unmixed in its mailbox. Until we have heard
-        from it at all (it may not be stepping yet) our message is a massless ping."""
-        if dest not in self._heard_mark or not self._answers_us(dest, round):
-            return True
-        return heard > self._heard_mark[dest] or self._unanswered[dest] < FLOW_WINDOW
 
     def _credit(self, own_weight: float, total: float) -> float:
         """Every step is credited with mass 1, whatever our weight, as SGP steps x_i -= lr g: the network's
@@ -186,4 +171,4 @@ class AsyncPushSum(SyncGossip):
     def statistics(self) -> dict:
         return {**super().statistics(), "received": sum(self.mailbox.received.values()),
                 "credit_bounded": self.credit_bounded, "forged_byes": self.mailbox.forged_byes,
-                "held_back": {str(k): n for k, n in sorted(self.held_back.items())}}
+                "held_back": self.flow.statistics()}
