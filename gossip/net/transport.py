@@ -18,12 +18,14 @@ Socket options, deliberately:
   ``send_timeout``); under gossip-async's latest rule a send replaces the stale queued snapshot, while
   push-sum offers a message only where there is room (``offer``) and never replaces one, which would lose
   its mass.
-- RCVHWM = 0 on the ROUTER: no count of queued messages stops a connection's input. libzmq 4.3.5 (the
-  one pyzmq bundles) aborts the process when a connection whose input that limit has stopped fails (the
-  sender resets it, or the guard below cuts it) with a ZMTP PING still unread in its buffer: once we
-  read again, the resumed input answers the PING on the failed connection (``Assertion failed:
-  !_io_error (src/stream_engine_base.cpp:310)``). A stranger did that with 2 KB, and a neighbour that
-  finished while we were four messages behind it did it in a test run. What a connection may hold is
+- RCVHWM = 0 on the ROUTER and on every DEALER: no count of queued messages stops a connection's input.
+  libzmq 4.3.5 (the one pyzmq bundles) aborts the process when a connection whose input that limit has
+  stopped fails (the sender resets it, or the guard below cuts it): on the ROUTER once we read again and
+  the resumed input answers a ZMTP PING still unread in its buffer, on a DEALER (which never reads) at its
+  next heartbeat (``Assertion failed: !_io_error (src/stream_engine_base.cpp:310)``). A stranger did the
+  first with 2 KB, a neighbour that finished while we were four messages behind it did it in a test run,
+  and a process listening at a neighbour's address in its place did the second. A DEALER takes frames
+  of at most ``MAX_HEADER_BYTES`` (MAXMSGSIZE): a neighbour's ROUTER sends it ZMTP commands only. What a connection may hold is
   bounded in bytes instead: ``gossip/net/inbound.py`` watches every accepted TCP connection's received
   bytes against what we took from it and cuts one that holds more than ``recv_queue`` + 2 of our largest
   messages (that also covers one message of endless frames, which no libzmq limit bounds), and caps the
@@ -390,6 +392,11 @@ class Transport:
             socket.setsockopt(zmq.HEARTBEAT_IVL, int(self._heartbeat_seconds() * 1000))
             socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._heartbeat_ms)
             socket.setsockopt(zmq.HEARTBEAT_TTL, self._heartbeat_ms)
+            # a neighbour's ROUTER sends us nothing but ZMTP commands (the handshake, answers to our
+            # heartbeats); no count limit may stop the input: a process listening at the neighbour's
+            # address in its place could then abort libzmq 4.3.5 at our next heartbeat (module docstring)
+            socket.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)
+            socket.setsockopt(zmq.RCVHWM, 0)
             if self.keys is not None:
                 secure_dealer(socket, self.keys, dest)
             local = ipc_endpoint(self.endpoints[dest]) if self._ipc else None
