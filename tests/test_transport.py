@@ -406,8 +406,8 @@ def test_a_burst_with_a_ping_then_a_reset_does_not_abort_the_receiver():
         if receiver.poll() is None:
             receiver.kill()
             receiver.wait()
-    assert receiver.returncode == 0, stderr[-2000:]
-    assert int(stdout.strip()) > 0  # it read (and its handler saw) what the attack sent
+    # (how much of each burst it read before the reset varies: a reset discards what the kernel still held)
+    assert receiver.returncode == 0 and stdout.strip().isdigit(), stderr[-2000:]
 
 
 _SENDER = """
