@@ -12,8 +12,10 @@ from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import DTYPES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, Layout
 
 # complete messages one connection may hold in libzmq beyond one being assembled before the inbound guard
-# cuts it: every mode keeps a neighbour at most 2 ahead (lockstep, the flow windows of gossip-async,
-# the ps modes' answers), except gossip-async on a directed graph, whose neighbours cannot answer
+# cuts it: sync, push-sum and the ps modes keep a neighbour at most 2 ahead (lockstep, push-sum's flow
+# window, the server's answers); gossip-async's latest rule does not wait, so on TCP a neighbour that runs
+# further ahead of a starved receiver is cut and reconnects, and over the Unix socket, which the guard
+# cannot count, its messages wait in libzmq
 RECV_QUEUE = 4
 
 

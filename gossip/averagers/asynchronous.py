@@ -4,10 +4,7 @@ each in-neighbour with weight W_ij * f(tau_j), renormalised, then sends its own 
 tau_j is the number of our own local steps since neighbour j's snapshot arrived; a snapshot is mixed again
 at every mixing point until a newer one replaces it or tau_j exceeds ``max_staleness``. W_ij is taken from
 the round in which j sent the snapshot, so time-varying graphs work although peers are in different rounds.
-Sends keep only the newest unsent snapshot per neighbour, so a slow link or a dead peer never stalls us,
-and at most ``FLOW_WINDOW`` of them wait unanswered on a link (``gossip/averagers/flow.py``): a neighbour
-that is slower, or starved of CPU, is sent our newest snapshot once it has sent us something, instead of
-every one, which would pile up unread in its queue. A peer's final snapshot is always sent.
+Sends keep only the newest unsent snapshot per neighbour, so a slow link or a dead peer never stalls us.
 A neighbour declared dead (``peer_timeout`` after its connection dropped) no longer counts in the mix (the
 others' weights are renormalised, as for a snapshot that is too stale); restarted, it is welcomed back.
 
@@ -35,16 +32,11 @@ from collections import Counter
 
 from gossip.aggregate import MIN_INPUTS, aggregate_into_
 from gossip.averagers.base import log
-from gossip.averagers.flow import FlowWindow
 from gossip.averagers.mailboxes import LatestMailbox
 from gossip.averagers.neighbours import GossipAverager
 from gossip.errors import PeerTimeout
 from gossip.mixing import stale_weights
 from gossip.net.wire import Header, encode
-
-# our snapshots per link that may wait unanswered (gossip/averagers/flow.py): two, so that a neighbour a
-# step behind still gets every one, while one that is slower or starved holds at most two of them
-FLOW_WINDOW = 2
 
 
 class AsyncGossip(GossipAverager):
@@ -54,8 +46,7 @@ class AsyncGossip(GossipAverager):
         self.ignored_stale = 0
         # The coefficients of the latest mix, {"self": a, "<j>": [tau_j, W_ij, c_j]}, for the step log.
         self.last_mix: dict[str, object] = {}
-        self._sent_steps: dict[int, int] = {}  # out-neighbour -> the local step of the last snapshot it was sent
-        self.flow = FlowWindow(FLOW_WINDOW)
+        self._sent_step = -1  # the local step of the last snapshot we sent
 
     def _close_flush_seconds(self) -> float:
         # Snapshots are best effort, and a neighbour that already finished would never take ours; but a
@@ -85,29 +76,19 @@ class AsyncGossip(GossipAverager):
         self._prune_dead()
         snapshot = self._mix_latest()
         self.rounds += 1
-        round = self.rounds
-        dests = self._live_out_neighbours(round)
-        heard = {k: self.mailbox.received[k] for k in dests}  # (before sending: what arrives later is newer)
-        ready = [k for k in dests if self.flow.ready(k, heard[k], k in self.topology.in_neighbors(self.rank, round))]
-        self.flow.hold(k for k in dests if k not in ready)
-        if ready:
-            self._send_snapshot(round, latest_only=True, snapshot=snapshot, dests=ready)
-            for dest in ready:
-                self.flow.sent(dest, heard[dest])
-                self._sent_steps[dest] = self.local_step
+        self._send_snapshot(self.rounds, latest_only=True, snapshot=snapshot)
+        self._sent_step = self.local_step
 
     def _finish(self) -> None:
-        """Send our final model (to every neighbour whose last snapshot from us was not it), then "bye" with
-        its step: a neighbour still training keeps it in its mix as a model that grows no staler
-        (``LatestMailbox``), instead of dropping it after --max-staleness of its own steps and training the
-        rest alone on its shard."""
+        """Send our final model (unless the last snapshot was it), then "bye" with its step: a neighbour
+        still training keeps it in its mix as a model that grows no staler (``LatestMailbox``), instead of
+        dropping it after --max-staleness of its own steps and training the rest alone on its shard."""
         if self.config.world_size < 2:
             return
+        if self._sent_step != self.local_step:
+            self._send_snapshot(self.rounds, latest_only=True)
+            self._sent_step = self.local_step
         dests = self._live_out_neighbours(self.rounds)
-        behind = [k for k in dests if self._sent_steps.get(k) != self.local_step]  # (flow control held it back)
-        if behind:
-            self._send_snapshot(self.rounds, latest_only=True, dests=behind)
-            self._sent_steps.update(dict.fromkeys(behind, self.local_step))
         bye = Header(kind="bye", sender=self.rank, round=self.rounds, step=self.local_step)
         try:
             self.transport.post(dests, encode(bye), latest_only=False, timeout=self.config.send_timeout)
@@ -150,4 +131,4 @@ class AsyncGossip(GossipAverager):
 
     def statistics(self) -> dict:
         return {**super().statistics(), "staleness": dict(sorted(self.staleness.items())),
-                "ignored_stale": self.ignored_stale, "last_mix": self.last_mix, "held_back": self.flow.statistics()}
+                "ignored_stale": self.ignored_stale, "last_mix": self.last_mix}

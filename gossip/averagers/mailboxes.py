@@ -288,7 +288,6 @@ class LatestMailbox(Mailbox):
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
         super().__init__(rank, world_size, layout, expects)
         self._latest: dict[int, Received] = {}
-        self.received: Counter[int] = Counter()  # snapshots filed, by sender (they answer ours: flow control)
 
     def _restart(self, sender: int) -> None:
         self._latest.pop(sender, None)  # its new incarnation counts steps from its checkpoint
@@ -311,7 +310,6 @@ class LatestMailbox(Mailbox):
                                           f"the step {held.message.header.step} we hold")
         self._finished.discard(header.sender)  # (a forged bye is undone by the sender's next snapshot)
         self._latest[header.sender] = Received(message, self.local_step, time.monotonic())
-        self.received[header.sender] += 1
 
     def latest(self) -> dict[int, Received]:
         """The newest snapshot of every sender that is not dead."""

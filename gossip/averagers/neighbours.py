@@ -102,15 +102,14 @@ class GossipAverager(Averager):
                 "readmitted": self.readmitted, "link_drops": self.mailbox.link_drops()}
 
     def _send_snapshot(self, round: int, *, latest_only: bool, snapshot: list | None = None, weight: float = 1.0,
-                       track: bool = False, dests: list[int] | None = None) -> Delivery | None:
-        """Queue the weights ``snapshot`` (cut into frames and sent uncopied; None: a copy taken now) for
-        ``dests`` (default: this round's live out-neighbours), with push-sum mass ``weight``; with ``track``,
-        return the transport's ``Delivery`` of it."""
+                       track: bool = False) -> Delivery | None:
+        """Queue the weights ``snapshot`` (cut into frames and sent uncopied; None: a copy taken now) for this
+        round's out-neighbours, with push-sum mass ``weight``; with ``track``, return the transport's
+        ``Delivery`` of it."""
         snapshot = snapshot if snapshot is not None else self.flat.snapshot()
         frames = self._snapshot_frames(round, snapshot, weight)
         track = track and self.rank not in self.config.byzantine  # (garbage is fresh tensors: nothing of ours held)
-        dests = self._live_out_neighbours(round) if dests is None else dests
-        return self.transport.post(dests, frames, latest_only=latest_only,
+        return self.transport.post(self._live_out_neighbours(round), frames, latest_only=latest_only,
                                    timeout=self.config.send_timeout, track=track)
 
     def _snapshot_frames(self, round: int, snapshot: list, weight: float) -> list:

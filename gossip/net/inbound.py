@@ -13,7 +13,7 @@ module watches each accepted connection from outside libzmq:
 - the difference, less what still waits in the kernel's receive queue (``FIONREAD``; the kernel bounds
   that by the socket's receive buffer), is what libzmq holds for that connection: complete messages in
   its queue and the message being assembled. A sender that waits for us, as the protocol has it (every
-  mode but gossip-async on a directed graph), stays below ``(queue + 2)`` messages of the largest size the
+  mode but gossip-async's latest rule), stays below ``(queue + 2)`` messages of the largest size the
   protocol allows; a connection beyond that is cut (``shutdown`` of the socket: libzmq sees the end of the
   stream and frees what it held), and its sender's DEALER reconnects.
 
