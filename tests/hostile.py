@@ -160,6 +160,10 @@ def _zmtp_frame(body: bytes, command: bool = False) -> bytes:
     return bytes([0x04 if command else 0x00, len(body)]) + body
 
 
+def _zmtp_ping() -> bytes:
+    return _zmtp_frame(b"\x04PING" + struct.pack(">H", 0), command=True)
+
+
 def _zmtp_ready(socket_type: bytes) -> bytes:
     return _zmtp_frame(b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", len(socket_type))
                        + socket_type, command=True)
@@ -201,10 +205,6 @@ def impostor_flood(listener: socket.socket, messages: int, timeout: float = 20) 
             conn.sendall(_zmtp_ready(b"ROUTER") + _zmtp_burst(messages))
             time.sleep(0.3)  # the burst is in before the reset
         _reset_on_close(conn)
-
-
-def _zmtp_ping() -> bytes:
-    return _zmtp_frame(b"\x04PING" + struct.pack(">H", 0), command=True)
 
 
 def victim_layout(task: str = "digits", world_size: int = 4) -> Layout:

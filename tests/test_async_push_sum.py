@@ -13,6 +13,7 @@ import torch
 
 import gossip
 import topologies
+from gossip.averagers.flow import FlowWindow
 from tests.conftest import endpoints, run_peers, vector_model, wait_until
 
 pytestmark = pytest.mark.timeout(150)
@@ -163,3 +164,18 @@ def replay_push_sum(run, recorded: list, nodes: int, steps: int) -> None:
             mixes += len(named)
     assert mixes >= nodes * steps, mixes  # (two in-neighbours each: most messages were mixed while stepping)
     assert worst <= 1e-12, worst
+
+
+def test_flow_window_holds_a_link_back_after_window_unanswered_messages():
+    flow = FlowWindow(2)
+    assert flow.ready(1, heard=0, answers_us=True)  # nothing sent yet
+    flow.sent(1, heard=0)
+    assert flow.ready(1, heard=0, answers_us=True)  # one of two unanswered
+    flow.sent(1, heard=0)
+    assert not flow.ready(1, heard=0, answers_us=True)  # two: wait for an answer
+    assert flow.ready(1, heard=0, answers_us=False)  # a neighbour that never sends to us is never held back
+    assert flow.ready(1, heard=1, answers_us=True)  # it sent us something since
+    flow.sent(1, heard=1)
+    assert flow.ready(1, heard=1, answers_us=True) and flow.ready(2, heard=0, answers_us=True)
+    flow.hold([1, 1, 2])
+    assert flow.statistics() == {"1": 2, "2": 1}

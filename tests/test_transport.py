@@ -17,7 +17,6 @@ from zmq.utils.monitor import recv_monitor_message
 
 import gossip
 import topologies
-from gossip.averagers.flow import FlowWindow
 from gossip.config import GossipConfig
 from gossip.errors import PeerTimeout, PeerUnreachable
 from gossip.flat import FlatParams
@@ -448,18 +447,3 @@ def test_an_impostor_that_floods_a_dealer_and_resets_does_not_abort_the_sender()
             assert sender.stdout.readline().strip() == "sent"
             stdout, stderr = sender.communicate("go\n", timeout=30)
     assert sender.returncode == 0 and stdout.strip() == "alive", stderr[-2000:]
-
-
-def test_flow_window_holds_a_link_back_after_window_unanswered_messages():
-    flow = FlowWindow(2)
-    assert flow.ready(1, heard=0, answers_us=True)  # nothing sent yet
-    flow.sent(1, heard=0)
-    assert flow.ready(1, heard=0, answers_us=True)  # one of two unanswered
-    flow.sent(1, heard=0)
-    assert not flow.ready(1, heard=0, answers_us=True)  # two: wait for an answer
-    assert flow.ready(1, heard=0, answers_us=False)  # a neighbour that never sends to us is never held back
-    assert flow.ready(1, heard=1, answers_us=True)  # it sent us something since
-    flow.sent(1, heard=1)
-    assert flow.ready(1, heard=1, answers_us=True) and flow.ready(2, heard=0, answers_us=True)
-    flow.hold([1, 1, 2])
-    assert flow.statistics() == {"1": 2, "2": 1}

@@ -1,12 +1,11 @@
 """Flow control on a link that has no acknowledgements: the neighbour's own messages to us answer ours.
 
-A neighbour that sends to us is stepping (and its event loop is reading), so once it has sent us
-something since our last message to it, that message is taken care of. Until then at most ``window`` of
-our messages wait unanswered on the link; beyond that we hold the next one back and send a later one
-instead. Without it a sender that never waits (asynchronous gossip) runs ahead of a receiver that is
-slower or starved of CPU, and its messages pile up unread in the receiver's ZeroMQ queue, which has no
-limit of its own (``gossip/net/transport.py``). A neighbour that does not send to us (a directed graph)
-cannot answer, and its link is not held back.
+A neighbour that sends to us is stepping, so once it has sent us something since our last message to it,
+that message is mixed at its next step. Until then at most ``window`` of our messages wait unanswered on
+the link; beyond that we hold the next one back. Push-sum (``gossip/averagers/pushsum.py``) keeps the
+share of a held-back message, so a slow neighbour holds at most ``window`` messages of ours and our mass
+stays with us instead of piling up unmixed in its mailbox. A neighbour that does not send to us (a
+directed graph) cannot answer, and its link is not held back.
 """
 
 from __future__ import annotations

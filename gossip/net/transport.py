@@ -24,14 +24,14 @@ Socket options, deliberately:
   the resumed input answers a ZMTP PING still unread in its buffer, on a DEALER (which never reads) at its
   next heartbeat (``Assertion failed: !_io_error (src/stream_engine_base.cpp:310)``). A stranger did the
   first with 2 KB, a neighbour that finished while we were four messages behind it did it in a test run,
-  and a process listening at a neighbour's address in its place did the second. A DEALER takes frames
-  of at most ``MAX_HEADER_BYTES`` (MAXMSGSIZE): a neighbour's ROUTER sends it ZMTP commands only. What a connection may hold is
-  bounded in bytes instead: ``gossip/net/inbound.py`` watches every accepted TCP connection's received
-  bytes against what we took from it and cuts one that holds more than ``recv_queue`` + 2 of our largest
-  messages (that also covers one message of endless frames, which no libzmq limit bounds), and caps the
-  number of connections (``max_connections``; the oldest that never sent a valid message goes).
-  MAXMSGSIZE (the largest frame our model's layout has, plus the header's limit) disconnects a sender of
-  an oversized frame before it is read.
+  and a process listening at a neighbour's address in its place did the second. What a connection may
+  hold is bounded in bytes instead: ``gossip/net/inbound.py`` watches every accepted TCP connection's
+  received bytes against what we took from it and cuts one that holds more than ``recv_queue`` + 2 of our
+  largest messages (that also covers one message of endless frames, which no libzmq limit bounds), and
+  caps the number of connections (``max_connections``; the oldest that never sent a valid message goes).
+- MAXMSGSIZE: on the ROUTER the largest frame our model's layout has, plus the header's limit, so a sender
+  of an oversized frame is disconnected before it is read; on a DEALER ``MAX_HEADER_BYTES``, as a
+  neighbour's ROUTER sends it ZMTP commands only.
 - HANDSHAKE_IVL: a connection that has not completed its handshake (CURVE included) within
   ``HANDSHAKE_SECONDS`` is closed, so an unauthenticated one cannot hold a descriptor for long.
 - LINGER = 0 everywhere, except that on close the DEALERs linger up to ``shutdown_timeout`` so the final
