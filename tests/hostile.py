@@ -207,6 +207,28 @@ def impostor_flood(listener: socket.socket, messages: int, timeout: float = 20) 
         _reset_on_close(conn)
 
 
+def impostor_stream(listener: socket.socket, limit: int, timeout: float = 2) -> int:
+    """Stand in for a neighbour as ``impostor_flood`` does, but stream 1,000-byte messages to the DEALER
+    (below its 4 KiB frame limit) until ``limit`` bytes are sent, or the connection is cut or takes
+    nothing for ``timeout`` seconds; the bytes sent."""
+    listener.settimeout(timeout)
+    conn, _ = listener.accept()
+    sent = 0
+    with conn:
+        conn.settimeout(timeout)
+        if not _zmtp_greet(conn):
+            return sent
+        conn.sendall(_zmtp_ready(b"ROUTER"))
+        burst = (bytes([0x02]) + (1000).to_bytes(8, "big") + bytes(1000)) * 1024  # long frames, ~1 MB a write
+        try:
+            while sent < limit:
+                conn.sendall(burst)
+                sent += len(burst)
+        except OSError:  # cut (the DEALER's side shut the connection down), or nothing read any more
+            pass
+    return sent
+
+
 def victim_layout(task: str = "digits", world_size: int = 4) -> Layout:
     return FlatParams(build_task(task, TaskContext(0, world_size, 0)).model, 8 << 20).layout
 

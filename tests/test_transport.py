@@ -24,7 +24,7 @@ from gossip.net.address import ipc_endpoint
 from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import Header, decode, encode, params_header
 from tests.conftest import endpoints, granted_send_buffer, run_peers, vector_model, wait_until
-from tests.hostile import Stranger, impostor_flood
+from tests.hostile import Stranger, impostor_flood, impostor_stream
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -447,3 +447,23 @@ def test_an_impostor_that_floods_a_dealer_and_resets_does_not_abort_the_sender()
             assert sender.stdout.readline().strip() == "sent"
             stdout, stderr = sender.communicate("go\n", timeout=30)
     assert sender.returncode == 0 and stdout.strip() == "alive", stderr[-2000:]
+
+
+def test_an_impostor_that_streams_to_a_dealer_is_cut_off():
+    # a neighbour's ROUTER sends our DEALER ZMTP commands only; whoever listens at its address in its place
+    # (without --secure) and streams messages would grow our memory while the DEALER never reads them
+    limit = 256 << 20
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        eps = [endpoints(1)[0], f"tcp://127.0.0.1:{listener.getsockname()[1]}"]
+        transport = Transport(0, eps[0], eps, lambda identity, frames, connection: None)
+        transport.start()
+        try:
+            sent: list[int] = []
+            impostor = threading.Thread(target=lambda: sent.append(impostor_stream(listener, limit)), daemon=True)
+            impostor.start()
+            transport.post([1], [b"hello"], latest_only=False, timeout=5)  # connects to peer 1's address
+            impostor.join(60)
+            assert sent and sent[0] < limit // 4, f"the impostor sent {sent} bytes uncut"
+            assert transport.statistics()["dropped"].get("cut-outbound-oversized", 0) >= 1
+        finally:
+            transport.close(flush_timeout=0)

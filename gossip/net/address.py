@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 import sys
 
 from gossip.errors import ConfigError
@@ -54,6 +55,21 @@ def bindable(host: str) -> str:
     if host == "localhost":
         return "127.0.0.1"
     return host if is_ip(host) else "0.0.0.0"
+
+
+def dials(sock: socket.socket, address: str) -> bool:
+    """Whether the connected socket ``sock`` is a connection to ``address`` (``tcp://HOST:PORT``, or the
+    ``ipc://@...`` name ``ipc_endpoint`` gives): the peer's port (and its address, when HOST is one), or
+    the Unix socket's name. OSError when ``sock`` is not connected."""
+    peer = sock.getpeername()
+    if address.startswith("ipc://@"):
+        name = address.removeprefix("ipc://@").encode()
+        return sock.family == socket.AF_UNIX and peer in (b"\0" + name, "\0" + name.decode())
+    match = _ENDPOINT.fullmatch(address)
+    if match is None or sock.family != socket.AF_INET:
+        return False
+    host, port = match.group(1), int(match.group(2))
+    return peer[1] == port and (not is_ip(host) or peer[0] == host)
 
 
 def is_loopback(host: str) -> bool:

@@ -25,6 +25,11 @@ abstract sockets, which have no file permissions) have no byte counters: one fro
 user is cut at once (the kernel names the connecting process's user, ``SO_PEERCRED``); the same user can
 read our keys anyway.
 
+The transport runs a second guard over its DEALERs' connections, with a limit of no messages at all: a
+neighbour's ROUTER sends a DEALER ZMTP commands only, so anything more comes from a process listening at
+the neighbour's address in its place. libzmq's monitor names such a connection's descriptor after the
+fact, when the number may already belong to another connection, so ``accepted`` checks a duplicate first.
+
 A cap on connections bounds descriptors: beyond ``max_connections`` the oldest connection that never
 delivered a valid message is cut (a live neighbour's first message is its hello, so it is never the one).
 """
@@ -79,11 +84,20 @@ class InboundGuard:
     _early: set[int] = field(default_factory=set)
     _serials: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
-    def accepted(self, fd: int) -> None:
+    def accepted(self, fd: int, belongs: Callable[[socket.socket], bool] | None = None) -> None:
+        """Watch the connection on descriptor ``fd`` (as libzmq's monitor names it: the number may have
+        been reused since, so ``belongs``, when given, checks on a duplicate that it is the connection meant)."""
         self.closed(fd)  # a descriptor number is reused once its previous connection is gone
         try:
             dup = socket.socket(fileno=os.dup(fd))
         except OSError:  # gone already
+            return
+        try:
+            ours = belongs is None or belongs(dup)
+        except OSError:  # not connected any more
+            ours = False
+        if not ours:
+            dup.close()
             return
         tcp = dup.family in (socket.AF_INET, socket.AF_INET6)
         self.connections[fd] = Connection(fd, next(self._serials), time.monotonic(), dup, tcp,

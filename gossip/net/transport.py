@@ -29,6 +29,9 @@ Socket options, deliberately:
   received bytes against what we took from it and cuts one that holds more than ``recv_queue`` + 2 of our
   largest messages (that also covers one message of endless frames, which no libzmq limit bounds), and
   caps the number of connections (``max_connections``; the oldest that never sent a valid message goes).
+  A second guard (``outbound``) watches our DEALERs' connections the same way, allowing nothing beyond the
+  handshake and the answers to our heartbeats, so a process at a neighbour's address in its place cannot
+  make a DEALER, which never reads, hold what it streams.
 - MAXMSGSIZE: on the ROUTER the largest frame our model's layout has, plus the header's limit, so a sender
   of an oversized frame is disconnected before it is read; on a DEALER ``MAX_HEADER_BYTES``, as a
   neighbour's ROUTER sends it ZMTP commands only.
@@ -82,7 +85,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from gossip.alloc import keep_freed_memory
 from gossip.errors import PeerTimeout, PeerUnreachable, ProtocolError, TransportError
-from gossip.net.address import ipc_endpoint
+from gossip.net.address import dials, ipc_endpoint
 from gossip.net.inbound import CHECK_SECONDS, InboundGuard
 from gossip.net.loop import LoopThread
 from gossip.net.security import CurveKeys, secure_dealer, secure_router, start_authenticator
@@ -94,6 +97,7 @@ log = logging.getLogger("gossip.net.transport")
 Handler = Callable[[int | None, Sequence[Any], int | None], None]
 _WARN_FIRST = 5  # warnings per drop reason before we only warn on every 1000th
 HANDSHAKE_SECONDS = 5.0
+OUTBOUND_CONNECTIONS = 1 << 16  # (never reached: one connection per DEALER; the guard's cap is for inbound ones)
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,9 @@ class Transport:
         largest = max(config.max_message_bytes, MAX_HEADER_BYTES) if config.max_message_bytes else MAX_CHUNK_BYTES
         self.guard = InboundGuard((config.recv_queue + 2) * largest, config.max_connections,
                                   self._heartbeat_seconds(), on_closed)
+        # Our DEALERs' connections, watched the same way: a neighbour's ROUTER sends a DEALER nothing but
+        # ZMTP commands, so nothing beyond the handshake and the answers to our heartbeats is allowed.
+        self.outbound = InboundGuard(0, OUTBOUND_CONNECTIONS, self._heartbeat_seconds())
         self._guards: list[asyncio.Task[None]] = []
         self._delays = list(config.delays) or [0.0] * len(self.endpoints)
         self._ipc = config.ipc and zmq.has("ipc")
@@ -240,6 +247,7 @@ class Transport:
             self._monitor.close(linger=0)
             self._router.close(linger=0)
         self.guard.close()
+        self.outbound.close()
         if self._authenticator is not None:
             self._authenticator.stop()
         context, self._context = self._context, None
@@ -372,6 +380,7 @@ class Transport:
             while not outbox.queue.empty():
                 _settle(outbox.queue.get_nowait()[3], None)
                 outbox.queue.task_done()
+            self._unwatch(outbox)
             outbox.close(0)
 
     def _heartbeat_seconds(self) -> float:
@@ -401,14 +410,14 @@ class Transport:
                 secure_dealer(socket, self.keys, dest)
             local = ipc_endpoint(self.endpoints[dest]) if self._ipc else None
             address = local or self.endpoints[dest]
-            outbox = _Outbox(dest, socket, asyncio.Queue(self._queue_depth))
+            outbox = _Outbox(dest, socket, asyncio.Queue(self._queue_depth), address)
             # The monitor goes on before the connect: a handshake completed before it would never be
             # reported, and the mailbox would take a link it never saw up for none (a hello in that
             # neighbour's name would then be believed as a restart).
-            # On a Unix socket it also names the connection's descriptor, to enlarge its send buffer.
-            if self._on_link is not None or local:
-                outbox.monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-                                                           | (zmq.EVENT_CONNECTED if local else 0))
+            # It also names each connection's descriptor: for the outbound guard, and on a Unix socket to
+            # enlarge its send buffer.
+            outbox.monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                                                       | (zmq.EVENT_HANDSHAKE_SUCCEEDED if self._on_link else 0))
             try:
                 socket.connect(address)
             except zmq.ZMQError as exc:
@@ -418,9 +427,8 @@ class Transport:
             loop = asyncio.get_running_loop()
             outbox.task = loop.create_task(self._send_forever(outbox))
             outbox.task.add_done_callback(self._note_failure)
-            if outbox.monitor is not None:
-                outbox.watcher = loop.create_task(self._watch_link(outbox))
-                outbox.watcher.add_done_callback(self._note_failure)
+            outbox.watcher = loop.create_task(self._watch_link(outbox))
+            outbox.watcher.add_done_callback(self._note_failure)
             self._outboxes[dest] = outbox
         return outbox
 
@@ -444,12 +452,31 @@ class Transport:
     async def _watch_link(self, outbox: _Outbox) -> None:
         while True:
             message = parse_monitor_message(await outbox.monitor.recv_multipart())
-            if message["event"] == zmq.EVENT_CONNECTED:  # (asked for on Unix sockets only)
-                granted = enlarge_send_buffer(int(message["value"]))
-                if granted is not None:
-                    self.send_buffers[outbox.dest] = granted
-            elif self._on_link is not None:
-                self._on_link(outbox.dest, message["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            event, fd = message["event"], int(message["value"])
+            if event == zmq.EVENT_CONNECTED:
+                self._unwatch(outbox)
+                # (the event can come after libzmq closed the descriptor and its number went to another
+                # connection: only one to the neighbour's address is watched as this one's)
+                self.outbound.accepted(fd, lambda sock: dials(sock, outbox.address))
+                serial = self.outbound.serial(fd)
+                outbox.watched = (fd, serial) if serial is not None else None
+                if self.routes.get(outbox.dest) == "ipc":
+                    granted = enlarge_send_buffer(fd)
+                    if granted is not None:
+                        self.send_buffers[outbox.dest] = granted
+                continue
+            if event == zmq.EVENT_DISCONNECTED:
+                self._unwatch(outbox)
+            if self._on_link is not None:
+                self._on_link(outbox.dest, event == zmq.EVENT_HANDSHAKE_SUCCEEDED)
+
+    def _unwatch(self, outbox: _Outbox) -> None:
+        """Stop watching the connection the outbound guard watches for ``outbox`` (if still that one)."""
+        if outbox.watched is not None:
+            fd, serial = outbox.watched
+            if self.outbound.serial(fd) == serial:
+                self.outbound.closed(fd)
+            outbox.watched = None
 
     def _socket(self, kind: int, purpose: str) -> zmq.asyncio.Socket:
         try:
@@ -540,6 +567,7 @@ class Transport:
             await asyncio.sleep(CHECK_SECONDS)
             self._drain_inbound_events()
             self.guard.check()
+            self.outbound.check()
 
     def _note_failure(self, task: asyncio.Task[None]) -> None:
         """Every task of ours is supervised: the first that dies of a bug fails the transport, wakes a post
@@ -561,7 +589,8 @@ class Transport:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "messages_sent": self.messages_sent, "messages_received": self.messages_received,
                 "replaced": self.replaced,
-                "dropped": {**self.dropped, **{f"cut-{reason}": n for reason, n in self.guard.cut.items()}},
+                "dropped": {**self.dropped, **{f"cut-{reason}": n for reason, n in self.guard.cut.items()},
+                            **{f"cut-outbound-{reason}": n for reason, n in self.outbound.cut.items()}},
                 "routes": {str(dest): route for dest, route in sorted(self.routes.items())},
                 "send_buffers": {str(dest): size for dest, size in sorted(self.send_buffers.items())}}
 
@@ -611,13 +640,15 @@ def _settle(delivery: Delivery | None, tracker: zmq.MessageTracker | None) -> No
 
 class _Outbox:
     def __init__(self, dest: int, socket: zmq.asyncio.Socket,
-                 queue: asyncio.Queue[tuple[float, list[Any], bool, Delivery | None]]) -> None:
+                 queue: asyncio.Queue[tuple[float, list[Any], bool, Delivery | None]], address: str) -> None:
         self.dest = dest
         self.socket = socket
+        self.address = address  # what it connects to
+        self.watched: tuple[int, int] | None = None  # (descriptor, serial) of its connection in the outbound guard
         self.ready = zmq.Socket.shadow(socket.underlying)  # the same socket, for sends that need no wait
         self.queue = queue
         self.task: asyncio.Task[None] | None = None
-        self.monitor: zmq.asyncio.Socket | None = None
+        self.monitor: zmq.asyncio.Socket | None = None  # (set before the connect)
         self.watcher: asyncio.Task[None] | None = None
 
     def close(self, linger: int) -> None:
