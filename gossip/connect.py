@@ -13,9 +13,9 @@ from gossip.net.wire import DTYPES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, Layout
 
 # complete messages one connection may hold in libzmq beyond one being assembled before the inbound guard
 # cuts it: sync, push-sum and the ps modes keep a neighbour at most 2 ahead (lockstep, push-sum's flow
-# window, the server's answers); gossip-async's latest rule does not wait, so a neighbour can run further
-# ahead of a receiver starved of CPU, whose guard then takes the waiting messages before it judges (and
-# over the Unix socket, which the guard cannot count, they wait in libzmq until the loop takes them)
+# window, the server's answers); gossip-async's latest rule does not wait, so on TCP a neighbour that runs
+# further ahead of a starved receiver is cut and reconnects, and over the Unix socket, which the guard
+# cannot count, its messages wait in libzmq
 RECV_QUEUE = 4
 
 

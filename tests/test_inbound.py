@@ -11,7 +11,7 @@ import pytest
 
 from gossip.connect import inbound_limits
 from gossip.net.address import dials
-from gossip.net.inbound import FRAME_OVERHEAD, InboundGuard
+from gossip.net.inbound import InboundGuard
 from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import MAX_HEADER_BYTES
 from tests.hostile import victim_layout
@@ -47,42 +47,4 @@ def test_a_reused_descriptor_is_watched_only_if_it_is_the_connection_meant():
                 assert guard.connections == {}
                 guard.accepted(dealer_side.fileno(), lambda sock: dials(sock, address))
                 assert list(guard.connections) == [dealer_side.fileno()]
-                guard.close()
-
-
-def test_a_connection_over_the_limit_is_cut_only_if_taking_what_waits_does_not_bring_it_under():
-    # libzmq reads a connection's bytes whether or not we take its messages; here we read them ourselves,
-    # so the kernel counts them received and no longer unread, as when libzmq holds them. 100 messages of
-    # 1 KiB wait on a connection that delivered a valid message before: a starved event loop that takes
-    # them keeps the connection; one that finds nothing complete to take (one endless message), or that
-    # takes only other connections' messages, cuts it. One that never delivered a valid message (a flood of
-    # invalid ones) is cut at once, nothing taken for it.
-    message, waiting = 1024, 100
-    for proven, takes_its_messages, cut in ((True, True, False), (True, False, True), (True, None, True),
-                                            (False, True, True)):
-        with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as sender:
-            accepted, _ = server.accept()
-            with accepted:
-                guard = InboundGuard(4 * message, 16)
-                guard.accepted(accepted.fileno())
-                guard.delivered(accepted.fileno(), 0, 0, valid=proven)
-                sender.sendall(bytes(waiting * message))
-                got = 0
-                while got < waiting * message:
-                    got += len(accepted.recv(waiting * message - got))
-                connection = guard.connections[accepted.fileno()]
-                assert guard._held(connection) == waiting * message > guard.allowed(0)
-                taken = []
-
-                def take() -> bool:
-                    taken.append(1)
-                    if takes_its_messages is False:
-                        return False  # nothing complete waits
-                    if takes_its_messages:  # one of its messages
-                        guard.delivered(accepted.fileno(), message - FRAME_OVERHEAD, 1, True)
-                    return True  # (None: another connection's message, for ever)
-
-                guard.check(take)
-                assert guard.cut.get("oversized", 0) == int(cut), (proven, takes_its_messages)
-                assert bool(taken) == proven
                 guard.close()

@@ -14,19 +14,16 @@ module watches each accepted connection from outside libzmq:
   that by the socket's receive buffer), is what libzmq holds for that connection: complete messages in
   its queue and the message being assembled. A sender that waits for us, as the protocol has it (every
   mode but gossip-async's latest rule), stays below ``(queue + 2)`` messages of the largest size the
-  protocol allows. A connection beyond that which has delivered a valid message may only be ahead of an
-  event loop that had no CPU for a while (a peer starved of CPU, a latest-rule neighbour running ahead of
-  it), so the check first takes the complete messages waiting on the socket, for up to
-  ``DRAIN_CPU_SECONDS`` of CPU; then it cuts every connection still over the limit (``shutdown`` of the
-  socket: libzmq sees the end of the stream and frees what it held), and its sender's DEALER reconnects.
+  protocol allows; a connection beyond that is cut (``shutdown`` of the socket: libzmq sees the end of the
+  stream and frees what it held), and its sender's DEALER reconnects.
 
 The watch runs every ``CHECK_SECONDS`` on the event loop, so what one connection can hold is the limit
-plus what arrives in one interval (and, while a proven connection is over the limit, during one drain).
-The limit is in wire bytes; in memory it is up to 32 times that for a message of empty frames
-(``memory_bound``), which is why the slack beyond the protocol's own messages is kept to the handshake
-and the heartbeats actually sent. Unix-socket connections (same-host peers, abstract sockets, which have
-no file permissions) have no byte counters: one from a process of another user is cut at once (the
-kernel names the connecting process's user, ``SO_PEERCRED``); the same user can read our keys anyway.
+plus what arrives in one interval. The limit is in wire bytes; in memory it is up to 32 times that for a
+message of empty frames (``memory_bound``), which is why the slack beyond the protocol's own messages is
+kept to the handshake and the heartbeats actually sent. Unix-socket connections (same-host peers,
+abstract sockets, which have no file permissions) have no byte counters: one from a process of another
+user is cut at once (the kernel names the connecting process's user, ``SO_PEERCRED``); the same user can
+read our keys anyway.
 
 The transport runs a second guard over its DEALERs' connections, with a limit of no messages at all: a
 neighbour's ROUTER sends a DEALER ZMTP commands only, so anything more comes from a process listening at
@@ -50,11 +47,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 CHECK_SECONDS = 0.02
-# CPU a check may spend taking messages that wait for us before it judges a connection that delivered a
-# valid message and is over the limit. In 6-peer gossip-async runs on 2 cores (latest rule, TCP) such
-# drains took up to 751 messages, and one took 42 ms of CPU over 375 ms (the loop thread starved); without
-# them those neighbours were cut 24-47 times a run.
-DRAIN_CPU_SECONDS = 0.1
 _TCP_INFO_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received (u64) in Linux's struct tcp_info
 _TCP_INFO_SIZE = 136
 SLACK_BYTES = 64 << 10  # the ZMTP greeting and handshake (CurveZMQ's included) take under 1 KiB
@@ -141,33 +133,18 @@ class InboundGuard:
         elif valid and len(self._early) < self.max_connections:
             self._early.add(fd)
 
-    def check(self, take: Callable[[], bool] | None = None) -> None:
-        """Cut every TCP connection that holds more inside libzmq than the protocol allows. A connection
-        that has delivered a valid message (a neighbour, or a stranger that can send one) and is over the
-        limit may only be ahead of an event loop that had no CPU for a while, with complete messages
-        waiting for it (a peer starved of CPU while a neighbour runs ahead of it); so while one is, first
-        ``take`` what waits (one message per call, False once none does), for up to ``DRAIN_CPU_SECONDS``
-        of this thread's CPU, and cut only what is still over the limit: one message of endless frames, or
-        a sender that outpaces us taking its messages. A connection that never delivered a valid message
-        gets no such wait: it is cut at once, as is every flood of invalid messages."""
+    def check(self) -> None:
+        """Cut every TCP connection that holds more inside libzmq than the protocol allows."""
         now = time.monotonic()
-        over = [c for c in self.connections.values() if (self._held(c) or 0) > self.allowed(now - c.opened)]
-        if take is not None:
-            until = time.thread_time() + DRAIN_CPU_SECONDS
-            while any(c.valid for c in over) and time.thread_time() < until and take():
-                over = [c for c in over if (self._held(c) or 0) > self.allowed(now - c.opened)]
-        for connection in over:
-            self._cut(connection, "oversized")
-
-    def _held(self, connection: Connection) -> int | None:
-        """Bytes a TCP connection holds inside libzmq beyond the messages we took from it; None if unknown."""
-        if not connection.tcp or connection.socket is None:
-            return None
-        received = _bytes_received(connection.socket)
-        if received is None:
-            return None
-        received -= _bytes_unread(connection.socket)  # still in the kernel's queue: not libzmq's memory
-        return received - connection.delivered
+        for connection in list(self.connections.values()):
+            if not connection.tcp or connection.socket is None:
+                continue
+            received = _bytes_received(connection.socket)
+            if received is None:
+                continue
+            received -= _bytes_unread(connection.socket)  # still in the kernel's queue: not libzmq's memory
+            if received - connection.delivered > self.allowed(now - connection.opened):
+                self._cut(connection, "oversized")
 
     def allowed(self, age: float) -> float:
         """Bytes a connection ``age`` seconds old may have sent beyond the messages we took from it."""

@@ -164,8 +164,6 @@ class Transport:
         self._monitor_events: zmq.Socket | None = None  # the same socket, read without the event loop's help
         self._receiver: asyncio.Task[None] | None = None
         self._router_fd: int | None = None  # watched by the receive task
-        self._inbox: zmq.Socket | None = None  # the ROUTER, read plainly (the receive task's handle)
-        self._readable: asyncio.Event | None = None  # set: the receive task looks at the ROUTER again
         self.failure: BaseException | None = None  # set when any task of ours dies of a bug
         self._failed: asyncio.Future[None] | None = None  # done once ``failure`` is set (wakes waiting posts)
         self.bytes_sent = self.bytes_received = self.messages_sent = self.messages_received = 0
@@ -492,8 +490,8 @@ class Transport:
         """Take every message as it comes. The ROUTER is read through a plain (synchronous) handle on the
         same socket, and its descriptor watched directly: pyzmq's asyncio socket would cost a future and a
         round of event bookkeeping per message, a large part of a small model's round."""
-        ready = self._inbox = zmq.Socket.shadow(router.underlying)
-        readable = self._readable = asyncio.Event()
+        ready = zmq.Socket.shadow(router.underlying)
+        readable = asyncio.Event()
         self._router_fd = ready.FD
         asyncio.get_running_loop().add_reader(self._router_fd, readable.set)
         while True:
@@ -568,20 +566,8 @@ class Transport:
         while True:
             await asyncio.sleep(CHECK_SECONDS)
             self._drain_inbound_events()
-            self.guard.check(self._take_waiting)
+            self.guard.check()
             self.outbound.check()
-
-    def _take_waiting(self) -> bool:
-        """For the inbound guard: take one message that waits on the ROUTER now; False when none does."""
-        if self._inbox is None or self._readable is None or not self._inbox.get(zmq.EVENTS) & zmq.POLLIN:
-            return False
-        try:
-            message = self._inbox.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return False
-        self._readable.set()  # (reading EVENTS may have taken the signal of a further message: look again)
-        self._take(message)
-        return True
 
     def _note_failure(self, task: asyncio.Task[None]) -> None:
         """Every task of ours is supervised: the first that dies of a bug fails the transport, wakes a post
