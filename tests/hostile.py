@@ -233,8 +233,10 @@ def victim_layout(task: str = "digits", world_size: int = 4) -> Layout:
     return FlatParams(build_task(task, TaskContext(0, world_size, 0)).model, 8 << 20).layout
 
 
-def attack(endpoint: str, layout: Layout, world_size: int, count: int, seed: int = 0) -> Counter[str]:
-    """Send ``count`` hostile messages, cycling through every kind; returns how many of each were sent."""
+def attack(endpoint: str, layout: Layout, world_size: int, count: int, seed: int = 0,
+           proof: list | None = None, proof_every: int = 0) -> Counter[str]:
+    """Send ``count`` hostile messages, cycling through every kind; returns how many of each were sent.
+    With ``proof``, that acceptable message goes before every ``proof_every`` of them (counted as "proof")."""
     rng = random.Random(seed)
     factories = kinds(layout, world_size, rng)
     sent: Counter[str] = Counter()
@@ -244,7 +246,10 @@ def attack(endpoint: str, layout: Layout, world_size: int, count: int, seed: int
     dealer.setsockopt(zmq.SNDHWM, 1000)
     dealer.connect(endpoint)
     try:
-        for reason in _cycle(list(factories), count, np.random.default_rng(seed)):
+        for index, reason in enumerate(_cycle(list(factories), count, np.random.default_rng(seed))):
+            if proof is not None and index % proof_every == 0:
+                dealer.send_multipart(proof)
+                sent["proof"] += 1
             dealer.send_multipart(factories[reason]())
             sent[reason] += 1
     finally:
