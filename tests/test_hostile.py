@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -12,20 +13,32 @@ from tests.hostile import attack, forged, victim_layout
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def test_a_peer_under_fire_keeps_training_and_counts_every_drop(tmp_path):
-    out, nodes, steps = tmp_path / "run", 4, 400
-    base = free_base_port(nodes)
-    launcher = start_launcher(out, nodes, "--steps", str(steps), "--compute-ms", "15", base_port=base)
+NODES, STEPS = 4, 400
+
+
+def _attacked_run(out, proof_every: int = 0) -> tuple[dict, Counter[str]]:
+    """A 4-peer ring that trains 400 steps while peer 0 takes ``attack``'s 11,000 hostile messages from
+    round 5 on (with ``proof_every``, a hello in peer 1's name before every that many); the run's summary
+    and what was sent."""
+    base = free_base_port(NODES)
+    launcher = start_launcher(out, NODES, "--steps", str(STEPS), "--compute-ms", "15", base_port=base)
     try:
         wait_until(lambda: '"round": 5' in _read(out / "peer-0.jsonl"), 90, "peer 0 to reach round 5")
-        sent = attack(f"tcp://127.0.0.1:{base}", victim_layout(world_size=nodes), nodes, count=11_000)
+        layout = victim_layout(world_size=NODES)
+        sent = attack(f"tcp://127.0.0.1:{base}", layout, NODES, count=11_000,
+                      proof=forged(layout, "hello", 1) if proof_every else None, proof_every=proof_every)
         stdout, stderr = launcher.communicate(timeout=240)
     finally:
         if launcher.poll() is None:
             launcher.kill()
         reap_peers(out, grace=5)
     assert launcher.returncode == 0, stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
+    return json.loads((out / "summary.json").read_text()), sent
+
+
+def test_a_peer_under_fire_keeps_training_and_counts_every_drop(tmp_path):
+    out, nodes, steps = tmp_path / "run", NODES, STEPS
+    summary, sent = _attacked_run(out)
     victim, bystander = summary["peers"][0], summary["peers"][1]
     ends = [json.loads(_read(out / f"peer-{rank}.jsonl").splitlines()[-1]) for rank in range(nodes)]
     dropped = victim["dropped"]
@@ -60,20 +73,8 @@ def test_a_flood_that_proves_its_connection_is_cut_all_the_same(tmp_path):
     # makes no exception for such a connection: taking its waiting messages before judging it (tried on
     # 2026-11-26, to spare gossip-async's latest rule its cuts) let this flood hold the victim at 381 MB
     # against 280 MB for the others; the guard as it is cut it 33 times and held it to 297 MB.
-    out, nodes, steps = tmp_path / "run", 4, 400
-    base = free_base_port(nodes)
-    launcher = start_launcher(out, nodes, "--steps", str(steps), "--compute-ms", "15", base_port=base)
-    try:
-        wait_until(lambda: '"round": 5' in _read(out / "peer-0.jsonl"), 90, "peer 0 to reach round 5")
-        layout = victim_layout(world_size=nodes)
-        attack(f"tcp://127.0.0.1:{base}", layout, nodes, count=11_000, proof=forged(layout, "hello", 1), proof_every=50)
-        stdout, stderr = launcher.communicate(timeout=240)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        reap_peers(out, grace=5)
-    assert launcher.returncode == 0, stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary, sent = _attacked_run(tmp_path / "run", proof_every=50)
+    assert sent["proof"] == 220
     victim, bystanders = summary["peers"][0], summary["peers"][1:]
     assert victim["dropped"].get("cut-oversized", 0) > 0, victim["dropped"]
     # the guard's bound for one connection is 10.3 MB here (RELIABILITY.md), plus what arrives within a check
