@@ -156,8 +156,10 @@ _ZMTP_GREETING = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 1]) + b"NULL".ljust(20
 
 
 def _zmtp_frame(body: bytes, command: bool = False) -> bytes:
-    assert len(body) < 256
-    return bytes([0x04 if command else 0x00, len(body)]) + body
+    flags = 0x04 if command else 0x00
+    if len(body) < 256:
+        return bytes([flags, len(body)]) + body
+    return bytes([flags | 0x02]) + len(body).to_bytes(8, "big") + body  # a long frame
 
 
 def _zmtp_ping() -> bytes:
@@ -219,7 +221,7 @@ def impostor_stream(listener: socket.socket, limit: int, timeout: float = 2) -> 
         if not _zmtp_greet(conn):
             return sent
         conn.sendall(_zmtp_ready(b"ROUTER"))
-        burst = (bytes([0x02]) + (1000).to_bytes(8, "big") + bytes(1000)) * 1024  # long frames, ~1 MB a write
+        burst = _zmtp_frame(bytes(1000)) * 1024  # ~1 MB a write
         try:
             while sent < limit:
                 conn.sendall(burst)

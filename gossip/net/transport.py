@@ -410,14 +410,14 @@ class Transport:
                 secure_dealer(socket, self.keys, dest)
             local = ipc_endpoint(self.endpoints[dest]) if self._ipc else None
             address = local or self.endpoints[dest]
-            outbox = _Outbox(dest, socket, asyncio.Queue(self._queue_depth), address)
             # The monitor goes on before the connect: a handshake completed before it would never be
             # reported, and the mailbox would take a link it never saw up for none (a hello in that
             # neighbour's name would then be believed as a restart).
             # It also names each connection's descriptor: for the outbound guard, and on a Unix socket to
             # enlarge its send buffer.
-            outbox.monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
-                                                       | (zmq.EVENT_HANDSHAKE_SUCCEEDED if self._on_link else 0))
+            monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                                                | (zmq.EVENT_HANDSHAKE_SUCCEEDED if self._on_link else 0))
+            outbox = _Outbox(dest, socket, asyncio.Queue(self._queue_depth), address, monitor)
             try:
                 socket.connect(address)
             except zmq.ZMQError as exc:
@@ -640,7 +640,8 @@ def _settle(delivery: Delivery | None, tracker: zmq.MessageTracker | None) -> No
 
 class _Outbox:
     def __init__(self, dest: int, socket: zmq.asyncio.Socket,
-                 queue: asyncio.Queue[tuple[float, list[Any], bool, Delivery | None]], address: str) -> None:
+                 queue: asyncio.Queue[tuple[float, list[Any], bool, Delivery | None]], address: str,
+                 monitor: zmq.asyncio.Socket) -> None:
         self.dest = dest
         self.socket = socket
         self.address = address  # what it connects to
@@ -648,16 +649,15 @@ class _Outbox:
         self.ready = zmq.Socket.shadow(socket.underlying)  # the same socket, for sends that need no wait
         self.queue = queue
         self.task: asyncio.Task[None] | None = None
-        self.monitor: zmq.asyncio.Socket | None = None  # (set before the connect)
+        self.monitor = monitor  # its connection events (attached before the connect)
         self.watcher: asyncio.Task[None] | None = None
 
     def close(self, linger: int) -> None:
         for task in (self.task, self.watcher):
             if task is not None:
                 task.cancel()
-        if self.monitor is not None:
-            self.socket.disable_monitor()
-            self.monitor.close(linger=0)
+        self.socket.disable_monitor()
+        self.monitor.close(linger=0)
         self.socket.close(linger=linger)
 
 
