@@ -21,6 +21,8 @@ from typing import Any
 
 import topologies
 from gossip.errors import ConfigError
+from gossip.partition import parse_partition
+from gossip.recipes import OPTIMIZER_DEFAULTS, RECIPES, recipe
 from gossip.net.address import bindable, check_host, parse_hosts, split_endpoint
 
 GOSSIP_MODES = ("gossip-sync", "gossip-async")
@@ -35,6 +37,9 @@ DEADLINES = ("fixed", "adaptive")
 PARTNERS = ("any", "similar-speed")
 AGGREGATES = ("mean", "median", "trimmed-mean")  # gossip/aggregate.py
 COMPRESS = ("none", "float16", "int8")  # gossip/compression.py
+OPTIMIZERS = ("sgd", "adamw")  # gossip/optim.py
+LR_SCHEDULES = ("constant", "cosine", "linear")
+MODEL_FLAGS = ("data", "context", "layers", "model_dim", "heads")  # the fields only charlm reads
 MiB = 1 << 20
 DEFAULT_NODES = 4
 # The longest wait a flag may ask for. Timeouts and sleeps end in threading, asyncio, time.sleep and
@@ -248,18 +253,31 @@ class RunConfig:
 
     nodes: int = DEFAULT_NODES
     task: str = "digits"
-    steps: int = 300
+    # "auto": the task's recipe (gossip/recipes.py), resolved in __post_init__ so that every reader sees numbers
+    steps: int | str = "auto"
     rounds: int = 0
     out: str = ""  # empty: runs/<date-time>
     speeds: tuple[float, ...] = ()  # empty: all 1
     compute_ms: float = 0.0
     link_mbit: tuple[float, ...] = ()  # launch/links.py
     threads_per_peer: int = 1
-    lr: float = 0.05
-    momentum: float = 0.9
-    batch_size: int = 32
+    optimizer: str = "auto"
+    lr: float | str = "auto"
+    momentum: float = 0.9  # SGD's
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW's
+    weight_decay: float | str = "auto"
+    lr_schedule: str = "auto"
+    warmup_steps: int | str = "auto"
+    min_lr: float | str = "auto"
+    batch_size: int | str = "auto"
+    partition: str = "iid"  # gossip/partition.py
+    data: str = ""  # charlm: a text file or folder; empty: the Python standard library's sources
+    context: int = 64  # charlm's model (gossip/tasks/charlm.py)
+    layers: int = 2
+    model_dim: int = 128
+    heads: int = 4
     dim: int = 256
-    eval_every: int = 25
+    eval_every: int | str = "auto"
     log_every: int = 1
     trace_coords: int = 65536  # coordinates sampled per peer for the consensus-distance trace
     checkpoint_every: int = 0
@@ -272,20 +290,20 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_int(self, "nodes", minimum=1)
+        _resolve_recipe(self)
         _check_int(self, "steps", minimum=1)
         _check_int(self, "threads_per_peer", minimum=1)
         _check_int(self, "batch_size", minimum=1)
         _check_int(self, "dim", minimum=1)
         _check_int(self, "eval_every", minimum=0)
+        _check_training(self)
+        _check_task_flags(self)
         _check_int(self, "log_every", minimum=1)
         _check_int(self, "trace_coords", minimum=1)
         _check_int(self, "checkpoint_every", minimum=0)
         _check_int(self, "max_restarts", minimum=0)
-        _check_positive(self, "lr")
         if not (isinstance(self.device, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device)):
             raise ConfigError(f"--device {self.device!r} is not a device; use auto, cpu, cuda or cuda:I (e.g. cuda:1)")
-        if not (_is_real(self.momentum) and 0 <= self.momentum < 1):
-            raise ConfigError(f"--momentum {self.momentum} must be in [0, 1)")
         if not (_is_real(self.compute_ms) and self.compute_ms >= 0):
             raise ConfigError(f"--compute-ms {self.compute_ms} must be a finite number >= 0")
         if self.speeds:
@@ -324,6 +342,10 @@ class RunConfig:
         if self.gossip.schedule == "time" and not self.rounds:
             raise ConfigError("--schedule time needs --rounds N: the run lasts N rounds of --round-seconds each, "
                               "and every peer does as many local steps as fit in a round")
+        if self.gossip.schedule == "time" and self.lr_schedule != "constant":
+            raise ConfigError(f"--lr-schedule {self.lr_schedule} decays over the run's steps, which --schedule time "
+                              "does not fix in advance; use --lr-schedule constant (a warm-up is allowed) or "
+                              "--schedule steps")
         if self.gossip.schedule == "steps" and self.rounds:
             raise ConfigError("--rounds applies to --schedule time; with --schedule steps the run lasts --steps steps")
         object.__setattr__(self, "gossip", dataclasses.replace(self.gossip, **self._horizon()))
@@ -358,8 +380,9 @@ class RunConfig:
         data = dict(data)
         gossip_data = dict(data.pop("gossip", {}))
         gossip_data["endpoints"] = tuple(gossip_data.get("endpoints", ()))
-        for name in ("speeds", "link_mbit"):
-            data[name] = tuple(data.get(name, ()))
+        for name in ("speeds", "link_mbit", "betas"):
+            if name in data:
+                data[name] = tuple(data[name])
         for name in ("peer_speeds", "link_latency_ms", "byzantine"):
             gossip_data[name] = tuple(gossip_data.get(name, ()))
         coordinator = CoordinatorConfig(**data.pop("coordinator", {}))
@@ -403,6 +426,98 @@ class RendezvousConfig:
 
     def store_port(self, base_port: int) -> int:
         return self.rendezvous_port or base_port - 1
+
+
+AUTO_FIELDS = ("optimizer", "steps", "batch_size", "eval_every", "lr", "weight_decay", "lr_schedule",
+               "warmup_steps", "min_lr")  # RunConfig fields whose "auto" is the task's recipe
+
+
+def recipe_values(task: str, optimizer: str, steps: int, lr: float) -> dict[str, Any]:
+    """What every field of ``AUTO_FIELDS`` is at "auto" for ``task``, given the optimizer, steps and lr in
+    force (warm-up and the final lr are fractions of them; another optimizer than the recipe's gets its
+    usual lr and weight decay, ``OPTIMIZER_DEFAULTS``)."""
+    chosen = recipe(task)
+    usual = {} if optimizer == chosen.optimizer else OPTIMIZER_DEFAULTS.get(optimizer, {})
+    return {"optimizer": chosen.optimizer, "steps": chosen.steps, "batch_size": chosen.batch_size,
+            "eval_every": chosen.eval_every, "lr": usual.get("lr", chosen.lr),
+            "weight_decay": usual.get("weight_decay", chosen.weight_decay), "lr_schedule": chosen.lr_schedule,
+            "warmup_steps": round(chosen.warmup_fraction * steps) if isinstance(steps, int) else 0,
+            "min_lr": chosen.min_lr_fraction * lr if _is_real(lr) else 0.0}
+
+
+def _resolve_recipe(cfg: RunConfig) -> None:
+    """Replace every "auto" training field of ``cfg`` by its task's recipe (``gossip/recipes.py``); a number
+    given as a string (as a flag gives it) becomes a number."""
+    if cfg.optimizer == "auto":
+        object.__setattr__(cfg, "optimizer", recipe(cfg.task).optimizer)
+    _check_choice(cfg, "optimizer", OPTIMIZERS)
+    first = recipe_values(cfg.task, cfg.optimizer, 0, 0.0)
+    _resolve_auto(cfg, "steps", int, first["steps"])
+    _resolve_auto(cfg, "lr", float, first["lr"])
+    defaults = recipe_values(cfg.task, cfg.optimizer, cfg.steps, cfg.lr)
+    for name, kind in (("batch_size", int), ("eval_every", int), ("weight_decay", float), ("warmup_steps", int),
+                       ("min_lr", float)):
+        _resolve_auto(cfg, name, kind, defaults[name])
+    if cfg.lr_schedule == "auto":
+        object.__setattr__(cfg, "lr_schedule", defaults["lr_schedule"])
+
+
+def _resolve_auto(cfg: Any, name: str, kind: type, default: int | float) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        try:
+            value = default if text == "auto" else kind(text) if kind is float else int(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise ConfigError(f"{_flag(name)} must be {what} or auto, got {getattr(cfg, name)!r}") from None
+    elif kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    object.__setattr__(cfg, name, value)
+
+
+def _check_training(cfg: RunConfig) -> None:
+    """The optimizer, its schedule and the partition: each a value that means something."""
+    _check_positive(cfg, "lr")
+    if not (_is_real(cfg.momentum) and 0 <= cfg.momentum < 1):
+        raise ConfigError(f"--momentum {cfg.momentum} must be in [0, 1)")
+    if not (isinstance(cfg.betas, tuple) and len(cfg.betas) == 2 and all(_is_real(b) and 0 <= b < 1 for b in cfg.betas)):
+        raise ConfigError(f"--betas must be two numbers in [0, 1), e.g. 0.9,0.999; got {cfg.betas!r}")
+    if not (_is_real(cfg.weight_decay) and cfg.weight_decay >= 0):
+        raise ConfigError(f"--weight-decay must be a number >= 0, got {cfg.weight_decay!r}")
+    _check_choice(cfg, "lr_schedule", LR_SCHEDULES)
+    _check_int(cfg, "warmup_steps", minimum=0)
+    if not (_is_real(cfg.min_lr) and 0 <= cfg.min_lr <= cfg.lr):
+        raise ConfigError(f"--min-lr must be in 0..--lr ({cfg.lr:g}), got {cfg.min_lr!r}")
+    if cfg.optimizer == "adamw" and cfg.momentum != 0.9:
+        raise ConfigError("--momentum is SGD's; AdamW's momentum is the first of --betas (e.g. --betas 0.9,0.999)")
+    if cfg.optimizer == "sgd" and cfg.betas != (0.9, 0.999):
+        raise ConfigError("--betas are AdamW's; SGD's momentum is --momentum (or choose --optimizer adamw)")
+
+
+def _check_task_flags(cfg: RunConfig) -> None:
+    """Flags a built-in task does not read are refused rather than ignored."""
+    partition = parse_partition(cfg.partition)
+    object.__setattr__(cfg, "partition", partition.spec)
+    rules = recipe(cfg.task).partitions
+    if partition.rule not in rules:
+        raise ConfigError(f"--partition {partition.spec} does not apply to --task {cfg.task}; use "
+                          f"{' or '.join(r + (':ALPHA' if r == 'dirichlet' else '') for r in rules)}")
+    _check_int(cfg, "context", minimum=1, maximum=1 << 16)
+    for name in ("layers", "model_dim", "heads"):
+        _check_int(cfg, name, minimum=1)
+    if cfg.model_dim % cfg.heads:
+        raise ConfigError(f"--model-dim {cfg.model_dim} must be a multiple of --heads {cfg.heads}")
+    if not isinstance(cfg.data, str):
+        raise ConfigError(f"--data must be a path, got {cfg.data!r}")
+    if cfg.task in RECIPES and cfg.task != "charlm":
+        given = [_flag(name) for name in MODEL_FLAGS if getattr(cfg, name) != _default(RunConfig, name)]
+        if given:
+            raise ConfigError(f"{given[0]} applies to --task charlm, not --task {cfg.task}")
+
+
+def _default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 def build_topology(spec: str, world_size: int) -> topologies.Topology:

@@ -38,7 +38,8 @@ from gossip.errors import CheckpointError, ConfigError, GossipError, Stopped
 from gossip.exit import exit_now
 from gossip.metrics import EventLog, finite_or_none
 from gossip.signals import raise_if_signalled, stop_on_signals
-from gossip.tasks import Task, TaskContext, build_task
+from gossip.optim import run_schedule
+from gossip.tasks import Task, build_task, context_for
 
 log = logging.getLogger("gossip.peer")
 MAX_TRACE_RECORDS = 200
@@ -154,8 +155,7 @@ def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool =
     events.write("start", rank=rank, pid=os.getpid(), speed=cfg.speed(rank))
     try:
         device = resolve_device(cfg.device, rank if local_rank is None else local_rank)
-        task = build_task(cfg.task, TaskContext(rank, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum,
-                                                cfg.batch_size, cfg.dim, device))
+        task = build_task(cfg.task, context_for(cfg, rank, device))
         bounds = {"counters.step": cfg.gossip.max_steps, "counters.weight": cfg.gossip.max_weight,
                   "counters.rounds": cfg.gossip.max_rounds + 1 if cfg.gossip.max_rounds else 0}
         state = load_checkpoint(out, rank, task, events, bounds) if resume else None
@@ -165,7 +165,7 @@ def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool =
         raise
     started = time.time()
     events.write("ready", endpoint=cfg.gossip.endpoint(rank), device=str(device), step=averager.local_step,
-                 round=averager.rounds)
+                 round=averager.rounds, shard=task.shard, dataset=task.dataset)
     trace = Trace(averager, cfg.trace_coords, cfg.gossip.seed, cfg.total_rounds)
     trace.record(averager.rounds, final=True)  # round 0, or the round a restarted peer rejoined in
     try:
@@ -186,12 +186,18 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
     slowdown = 1.0 / cfg.speed(averager.rank) - 1.0
     emulated = cfg.compute_ms / 1000.0 / cfg.speed(averager.rank)
     by_time = cfg.gossip.schedule == "time"
+    schedule = run_schedule(cfg)  # by our own step
     step = averager.local_step  # 0, or where a restarted peer rejoined
     while (averager.mixing_points < cfg.rounds) if by_time else (step < cfg.steps):
         raise_if_signalled()
         step += 1
         begin = time.perf_counter()
-        loss = task.compute_gradients() if averager.sends_gradients else task.train_step()
+        if averager.sends_gradients:  # the server steps (with its own schedule, by version)
+            loss = task.compute_gradients()
+        else:
+            if task.trains and not schedule.trivial:
+                schedule.apply(task.optimizer, step)
+            loss = task.train_step()
         computed = time.perf_counter() - begin
         pause = emulated + computed * slowdown  # a peer at speed s takes 1/s as long per step
         if pause > 0:
@@ -206,6 +212,7 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
                          bytes_sent=stats["bytes_sent"], bytes_received=stats["bytes_received"],
                          wait_seconds=stats["wait_seconds"], speed=stats["speed"],
                          step_seconds=stats["step_seconds"], mixed=averager.mixing_points != points_before,
+                         lr=task.optimizer.param_groups[0]["lr"] if task.trains else None,
                          **{key: stats[key] for key in STEP_EXTRAS if key in stats})
         if task.trains and cfg.eval_every and step % cfg.eval_every == 0:
             events.write("eval", step=step, round=averager.rounds, **task.evaluate())

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from gossip.config import (
     AGGREGATES,
+    AUTO_FIELDS,
     COMPRESS,
     DEADLINES,
     DERIVED_FIELDS,
@@ -29,13 +30,15 @@ from gossip.config import (
     GossipConfig,
     RendezvousConfig,
     RunConfig,
+    recipe_values,
 )
 from launch.procs import START_METHODS
 
 LAUNCH, PEER = "gossip-launch", "gossip-peer"
-RUN, MIXING, HETEROGENEITY, ASYNC = "run", "topology and mixing", "heterogeneity", "asynchronous"
+RUN, TRAINING, DATA = "run", "training", "data and model"
+MIXING, HETEROGENEITY, ASYNC = "topology and mixing", "heterogeneity", "asynchronous"
 SERVER, FAULTS, MACHINES, OUTPUT = "parameter server", "faults and security", "many machines", "output"
-GROUPS = (RUN, MIXING, HETEROGENEITY, ASYNC, SERVER, FAULTS, MACHINES, OUTPUT)  # in --help's order
+GROUPS = (RUN, TRAINING, DATA, MIXING, HETEROGENEITY, ASYNC, SERVER, FAULTS, MACHINES, OUTPUT)  # in --help's order
 
 
 class Flag(NamedTuple):
@@ -49,20 +52,45 @@ class Flag(NamedTuple):
 TABLE: list[Flag] = [
     Flag("--nodes", "nodes", RUN, "number of local peer processes", LAUNCH),
     Flag("--mode", "mode", RUN, "averaging mode: " + ", ".join(MODES)),
-    Flag("--task", "task", RUN, "digits, digits-wide, mnist, consensus, or package.module:function (see "
-                                "gossip.tasks)"),
-    Flag("--steps", "steps", RUN, "local training steps per peer"),
+    Flag("--task", "task", RUN, "digits, digits-wide, mnist, charlm (a character-level transformer), consensus, or "
+                                "package.module:function (see gossip.tasks)"),
+    Flag("--steps", "steps", RUN, "local training steps per peer (auto: digits 300, charlm 1000)"),
     Flag("--out", "out", RUN, "output directory (default: runs/<date-time>)"),
     Flag("--seed", "seed", RUN, "seed of model init, shards, batches and random topologies"),
-    Flag("--lr", "lr", RUN, "learning rate of each peer's optimizer (ps-sync: the server's; the other ps-* modes "
-                            "derive the server's from it, see --server-lr)"),
-    Flag("--momentum", "momentum", RUN, "SGD momentum of each peer's optimizer (ps-sync: the server's; see "
-                                        "--server-momentum)"),
-    Flag("--batch-size", "batch_size", RUN, "samples per local step"),
     Flag("--threads-per-peer", "threads_per_peer", RUN, "torch threads in each peer process"),
     Flag("--start-method", "start_method", RUN, "fork: peers forked from the launcher (fast start); exec: a fresh "
                                                 "'python -m gossip.peer' per peer", LAUNCH),
-    Flag("--dim", "dim", RUN, "vector length of the consensus task"),
+
+    Flag("--optimizer", "optimizer", TRAINING, "each peer's optimizer, sgd or adamw (auto: digits sgd, charlm "
+                                               "adamw); in ps-sync, ps-async, ps-ssp, ps-dcasgd the server's"),
+    Flag("--lr", "lr", TRAINING, "peak learning rate of each peer's optimizer (auto: the task's, or sgd 0.05, adamw "
+                                 "1e-3; ps-sync: the server's; the other gradient ps-* modes derive the server's "
+                                 "from it, see --server-lr)"),
+    Flag("--lr-schedule", "lr_schedule", TRAINING, "constant, cosine or linear decay to --min-lr over the run "
+                                                   "(auto: digits constant, charlm cosine); each peer by its own "
+                                                   "step, a parameter server by its version"),
+    Flag("--warmup-steps", "warmup_steps", TRAINING, "steps of linear warm-up from 0 to --lr (auto: 5%% of --steps "
+                                                     "for charlm, else 0)"),
+    Flag("--min-lr", "min_lr", TRAINING, "learning rate at the end of a cosine or linear schedule (auto: --lr / 10 "
+                                         "for charlm, else 0)"),
+    Flag("--weight-decay", "weight_decay", TRAINING, "decoupled weight decay of AdamW (L2 for SGD), on matrices only "
+                                                     "(auto: charlm 0.1, adamw 0.01, sgd 0)"),
+    Flag("--momentum", "momentum", TRAINING, "SGD momentum of each peer's optimizer (ps-sync: the server's; see "
+                                             "--server-momentum)"),
+    Flag("--betas", "betas", TRAINING, "AdamW's beta1,beta2 (beta1 is its momentum; see --server-momentum)"),
+    Flag("--batch-size", "batch_size", TRAINING, "samples per local step (auto: digits 32, charlm 16 sequences)"),
+
+    Flag("--partition", "partition", DATA, "which samples each peer trains on: iid (a seeded round-robin deal), "
+                                           "dirichlet:ALPHA (digits, mnist: each class split by a Dirichlet(ALPHA) "
+                                           "draw; 0.1 = a few classes per peer), by-file (charlm: each peer its own "
+                                           "files)"),
+    Flag("--data", "data", DATA, "charlm: a text file or folder to train on (default: the .py sources of this "
+                                 "Python's standard library)"),
+    Flag("--context", "context", DATA, "charlm: characters of context"),
+    Flag("--layers", "layers", DATA, "charlm: transformer blocks"),
+    Flag("--model-dim", "model_dim", DATA, "charlm: width of the model"),
+    Flag("--heads", "heads", DATA, "charlm: attention heads (divides --model-dim)"),
+    Flag("--dim", "dim", DATA, "vector length of the consensus task"),
 
     Flag("--topology", "topology", MIXING, "graph spec: ring, torus[:RxC], random[:degree=D,seed=S], full, "
                                            "exponential, star"),
@@ -251,7 +279,7 @@ def parse_ints(text: str) -> tuple[int, ...]:
 # list-valued flags: how an empty default is shown, and how the flag is parsed
 PER_PEER_DEFAULTS = {"speeds": "all 1", "link_mbit": "none", "link_latency_ms": "none", "byzantine": "none"}
 LIST_PARSERS = {**{name: parse_floats for name in PER_PEER_DEFAULTS}, "byzantine": parse_ints,
-                "initial_peers": parse_list}
+                "initial_peers": parse_list, "betas": parse_floats}
 
 
 def default_of(name: str) -> Any:
@@ -270,7 +298,8 @@ def add_flags(parser: argparse.ArgumentParser, table: list[Flag]) -> None:
         if name in SWITCHES:
             add(flag, dest=name, action="store_true", help=help_text)
             continue
-        shown = (",".join(map(str, default)) or PER_PEER_DEFAULTS[name]) if name in PER_PEER_DEFAULTS else default
+        shown = (",".join(map(str, default)) or PER_PEER_DEFAULTS.get(name, "none")) if isinstance(default, tuple) \
+            else default
         help_text = f"{help_text} (default: {shown!s})" if name != "out" else help_text
         if isinstance(default, bool):
             add(flag, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
@@ -311,6 +340,9 @@ def flag_argv(values: dict[str, Any], table: list[Flag]) -> list[str]:
     for row in table:
         if row.name not in values or values[row.name] == default_of(row.name):
             continue
+        if row.name in AUTO_FIELDS and values[row.name] == recipe_values(
+                values.get("task", "digits"), values.get("optimizer", "auto"), values.get("steps"), values.get("lr"))[row.name]:
+            continue  # what "auto" gives
         value = values[row.name]
         if isinstance(value, bool):
             argv.append(row.flag if value else f"--no-{row.flag[2:]}")
@@ -326,7 +358,8 @@ def field_values(cfg: RunConfig, rendezvous: RendezvousConfig | None = None) -> 
     values.update({f: getattr(cfg, f) for f in RUN_FIELDS if f not in ("gossip", "coordinator")})
     for name in DERIVED_FIELDS:  # not flags: computed from them by RunConfig
         values.pop(name, None)
-    for name in ("endpoints", "speeds", "initial_peers", "link_mbit", "link_latency_ms", "peer_speeds", "byzantine"):
+    for name in ("endpoints", "speeds", "initial_peers", "link_mbit", "link_latency_ms", "peer_speeds", "byzantine",
+                 "betas"):
         if isinstance(values.get(name), list):
             values[name] = tuple(values[name])
     return values

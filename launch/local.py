@@ -27,6 +27,7 @@ from gossip.config import RunConfig
 from gossip.errors import ConfigError, Diverged
 from gossip.net.address import split_endpoint
 from gossip.net.security import load_keys
+from gossip.recipes import recipe
 from gossip.tasks import load_task
 from launch.links import Links, check_link_support
 from launch.procs import START_METHODS, start_peer, stop_all, warm_up_for_fork
@@ -194,7 +195,7 @@ def supervise(cfg: RunConfig, out: Path, start: Callable[[], list[Member]], prog
         with context if context is not None else contextlib.nullcontext():
             try:
                 members = start()
-                with Progress(out, cfg.nodes, cfg.steps, progress, rounds) as display:
+                with Progress(out, cfg.nodes, cfg.steps, progress, rounds, recipe(cfg.task).headline) as display:
                     failure = watch(cfg, members, display, out, restart)
             except Interrupted as exc:
                 print(f"\ngossip-launch: {exc}, stopping {len(members)} peers...", file=sys.stderr)

@@ -1,5 +1,5 @@
-"""``summary.png``: loss and test accuracy against wall-clock time per peer, and the consensus distance
-per round on a log axis."""
+"""``summary.png``: training loss and the evaluated headline metric (test accuracy, or charlm's validation
+loss) against wall-clock time per peer, and the consensus distance per round on a log axis."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from pathlib import Path
 from typing import Any
 
 
-def plot_run(out: Path, events: list[list[dict[str, Any]]], trace: list[dict[str, float]], path: Path) -> None:
+TITLES = {"accuracy": ("test accuracy", "accuracy"), "loss": ("validation loss", "nats per character")}
+
+
+def plot_run(out: Path, events: list[list[dict[str, Any]]], trace: list[dict[str, float]], path: Path,
+             headline: str = "accuracy") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -18,14 +22,15 @@ def plot_run(out: Path, events: list[list[dict[str, Any]]], trace: list[dict[str
     fig, (ax_loss, ax_acc, ax_cons) = plt.subplots(1, 3, figsize=(15, 4.2))
     for rank, ev in enumerate(events):
         steps = [e for e in ev if e["event"] == "step" and e.get("loss") is not None]
-        evals = [e for e in ev if e["event"] == "eval" and "accuracy" in e]
+        evals = [e for e in ev if e["event"] == "eval" and headline in e]
         if steps:
             ax_loss.plot([e["time"] - t0 for e in steps], [e["loss"] for e in steps], lw=0.8, label=f"peer {rank}")
         if evals:
-            ax_acc.plot([e["time"] - t0 for e in evals], [e["accuracy"] for e in evals], marker=".", lw=1,
+            ax_acc.plot([e["time"] - t0 for e in evals], [e[headline] for e in evals], marker=".", lw=1,
                         label=f"peer {rank}")
     ax_loss.set(title="training loss", xlabel="wall time since start (s)", ylabel="loss")
-    ax_acc.set(title="test accuracy", xlabel="wall time since start (s)", ylabel="accuracy")
+    title, unit = TITLES[headline]
+    ax_acc.set(title=title, xlabel="wall time since start (s)", ylabel=unit)
     positive = [(row["round"], row["distance"]) for row in trace if row["distance"] > 0]
     if positive:
         ax_cons.semilogy(*zip(*positive), marker=".", lw=1)

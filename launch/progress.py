@@ -21,12 +21,12 @@ class PeerState:
     step: int = 0
     round: int = 0
     loss: float | None = None
-    accuracy: float | None = None
+    accuracy: float | None = None  # the latest evaluation's headline metric: accuracy, or loss (charlm)
     bytes_sent: int = 0
     speed: float = 0.0
     wait_seconds: float = 0.0
 
-    def apply(self, event: dict[str, Any]) -> None:
+    def apply(self, event: dict[str, Any], headline: str = "accuracy") -> None:
         kind = event.get("event")
         if kind == "ready":
             self.status = "running"
@@ -35,18 +35,21 @@ class PeerState:
                 if name == "loss" or event.get(name) is not None:  # null: a non-finite value (gossip/metrics.py)
                     setattr(self, name, event.get(name, getattr(self, name)))
         elif kind == "eval":
-            self.accuracy = event.get("accuracy", self.accuracy)
+            self.accuracy = event.get(headline, self.accuracy)
         elif kind == "end":
             self.status = "done"
             self.round = event.get("rounds", self.round)
-            self.accuracy = event.get("test", {}).get("accuracy", self.accuracy)
+            self.accuracy = event.get("test", {}).get(headline, self.accuracy)
         elif kind in ("error", "stopped"):
             self.status = kind
 
 
 class Progress:
-    def __init__(self, out: Path, nodes: int, steps: int, mode: str, rounds: int = 0) -> None:
-        """``rounds`` > 0: the run lasts that many rounds (schedule "time"), which is then the progress shown."""
+    def __init__(self, out: Path, nodes: int, steps: int, mode: str, rounds: int = 0, headline: str = "accuracy") -> None:
+        """``rounds`` > 0: the run lasts that many rounds (schedule "time"), which is then the progress shown;
+        ``headline``: the evaluated metric shown, "accuracy" or (charlm) the validation "loss"."""
+        self.headline = headline
+        self.label = {"accuracy": "test acc", "loss": "val loss"}[headline]
         self.tails = [EventTail(out / f"peer-{rank}.jsonl") for rank in range(nodes)]
         self.peers = [PeerState() for _ in range(nodes)]
         self.steps = steps
@@ -75,7 +78,7 @@ class Progress:
     def update(self) -> None:
         for tail, peer in zip(self.tails, self.peers):
             for event in tail.read_new():
-                peer.apply(event)
+                peer.apply(event, self.headline)
         if self._live is not None:
             self._live.update(self._table())
         elif self.mode == "plain" and time.monotonic() - self._last_line >= 5:
@@ -93,7 +96,7 @@ class Progress:
         if losses:
             parts.append(f"loss {sum(losses) / len(losses):.4f}")
         if accs:
-            parts.append(f"test acc {sum(accs) / len(accs):.3f}")
+            parts.append(f"{self.label} {sum(accs) / len(accs):.3f}")
         return " | ".join(parts)
 
     def _table(self):
@@ -102,7 +105,7 @@ class Progress:
 
         table = Table(title=f"gossip peers, {time.monotonic() - self.started:.1f} s", title_justify="left",
                       box=box.SIMPLE_HEAD, padding=(0, 1))
-        for column in ("peer", "status", "step", "round", "loss", "acc", "smp/s", "wait s", "sent MB"):
+        for column in ("peer", "status", "step", "round", "loss", self.label, "smp/s", "wait s", "sent MB"):
             table.add_column(column, justify="right", no_wrap=True)
         for rank, p in enumerate(self.peers):
             step, round = (str(p.step), f"{p.round}/{self.rounds}") if self.rounds else (f"{p.step}/{self.steps}",

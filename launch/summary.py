@@ -26,7 +26,8 @@ from gossip.config import RunConfig
 from gossip.errors import ConfigError, Diverged, GossipError
 from gossip.exit import exit_now
 from gossip.health import model_problem
-from gossip.tasks import TaskContext, build_task
+from gossip.recipes import recipe
+from gossip.tasks import build_task, context_for
 from launch.events import read_events
 
 
@@ -83,8 +84,10 @@ def consensus_trace(out: Path, ranks: list[int], numel: int) -> tuple[list[dict[
 
 def peer_result(rank: int, events: list[dict[str, Any]]) -> dict[str, Any]:
     end = next((e for e in events if e["event"] == "end"), {})
+    ready = next((e for e in events if e["event"] == "ready"), {})
     test = end.get("test", {})
-    return {"rank": rank, "steps": end.get("step"), "rounds": end.get("rounds"), "test_accuracy": test.get("accuracy"),
+    return {"rank": rank, "steps": end.get("step"), "rounds": end.get("rounds"), "shard": ready.get("shard"),
+            "test_accuracy": test.get("accuracy"),
             "test_loss": test.get("loss"), "test": test, "wall_seconds": end.get("wall_seconds"),
             "bytes_sent": end.get("bytes_sent"), "bytes_received": end.get("bytes_received"),
             "wait_seconds": end.get("wait_seconds"), "samples_per_second": end.get("speed"),
@@ -125,14 +128,18 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
     problem = product_problem(product, final_metrics)
     accuracies = [p["test_accuracy"] for p in peers
                   if p["test_accuracy"] is not None and p["rank"] not in byzantine]
+    losses = [p["test_loss"] for p in peers if p["test_loss"] is not None and p["rank"] not in byzantine]
     summary = {
         "mode": cfg.gossip.mode, "topology": cfg.gossip.topology, "nodes": cfg.nodes, "task": cfg.task,
         "steps": cfg.steps, "schedule": cfg.gossip.schedule, "rounds": cfg.total_rounds,
-        "seed": cfg.gossip.seed, "wall_seconds": wall_seconds,
+        "seed": cfg.gossip.seed, "wall_seconds": wall_seconds, "headline": recipe(cfg.task).headline,
         "accuracy": final_metrics.get("accuracy"),  # of the product model, model-final.pt
-        "error": None, "peers": peers,
+        "loss": final_metrics.get("loss"),  # its test (charlm: validation) loss
+        "error": None, "data": dataset(events), "partition": cfg.partition, "optimizer": training(cfg),
+        "peers": peers,
         "chronic_stragglers": chronic_stragglers(peers),
         "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
+        "mean_test_loss": sum(losses) / len(losses) if losses else None,
         "final_model": final_metrics, "consensus_distance": consensus_distance(vectors),
         "consensus_trace": trace, "mean_drift": drift, "final_mean_drift": final_drift, "spectral": spectral(cfg),
         "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers), "failed": failed or [],
@@ -150,9 +157,25 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
     if plot:
         from launch.plot import plot_run  # matplotlib costs about 2 s; only when asked for
 
-        plot_run(out, events, trace, out / "summary.png")
+        plot_run(out, events, trace, out / "summary.png", summary["headline"])
     print_table(summary, out)
     return summary
+
+
+def dataset(events: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """What the peers trained on (the task's ``dataset``: name, size, hash), as the first peer reported it."""
+    for peer in events:
+        ready = next((e for e in peer if e["event"] == "ready"), None)
+        if ready is not None:
+            return ready.get("dataset") or {}
+    return {}
+
+
+def training(cfg: RunConfig) -> dict[str, Any]:
+    """Each peer's optimizer and schedule, as resolved from the flags and the task's recipe."""
+    return {"name": cfg.optimizer, "lr": cfg.lr, "schedule": cfg.lr_schedule, "warmup_steps": cfg.warmup_steps,
+            "min_lr": cfg.min_lr, "weight_decay": cfg.weight_decay, "batch_size": cfg.batch_size,
+            **({"betas": list(cfg.betas)} if cfg.optimizer == "adamw" else {"momentum": cfg.momentum})}
 
 
 def product_problem(state: dict[str, torch.Tensor], metrics: dict[str, Any]) -> str | None:
@@ -169,7 +192,7 @@ def evaluate_average(cfg: RunConfig, final: dict[str, torch.Tensor], out: Path) 
     """Write ``model-final.pt``, the exact (push-sum weighted) average of the peers' models, and return its
     test metrics."""
     torch.save(final, out / "model-final.pt")
-    task = build_task(cfg.task, TaskContext(0, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum, cfg.batch_size, cfg.dim))
+    task = build_task(cfg.task, context_for(cfg, 0))
     if not task.trains:
         return {}
     task.model.load_state_dict(final)
@@ -199,29 +222,50 @@ def _cell(value: float | None, width: int, spec: str = "") -> str:
     return ("-" if value is None else format(value, spec)).rjust(width)
 
 
+# (column title, width, key in a peer's test metrics, format) by the task's headline metric
+METRIC_COLUMNS = {"accuracy": [("test acc", 8, "accuracy", ".4f"), ("test loss", 9, "loss", ".4f")],
+                  "loss": [("val loss", 8, "loss", ".4f"), ("bits/chr", 8, "bits_per_char", ".3f"),
+                           ("next acc", 8, "accuracy", ".4f")]}
+
+
 def print_table(summary: dict[str, Any], out: Path) -> None:
-    columns = [("peer", 4), ("steps", 6), ("rounds", 6), ("test acc", 8), ("test loss", 9), ("waited s", 8),
-               ("sent MB", 8), ("recv MB", 8)]
+    metrics = METRIC_COLUMNS[summary.get("headline", "accuracy")]
+    columns = [("peer", 4), ("steps", 6), ("rounds", 6), *((title, width) for title, width, _, _ in metrics),
+               ("waited s", 8), ("sent MB", 8), ("recv MB", 8)]
     shape = "a parameter server" if "server" in summary else summary["topology"]
     lines = [f"\n{summary['mode']} on {shape}, {summary['nodes']} peers, task {summary['task']}",
              " ".join(name.rjust(width) for name, width in columns)]
     for p in summary["peers"]:
-        values = [(p["rank"], ""), (p["steps"], ""), (p["rounds"], ""), (p["test_accuracy"], ".4f"),
-                  (p["test_loss"], ".4f"), (p["wait_seconds"], ".2f"), ((p["bytes_sent"] or 0) / 1e6, ".2f"),
-                  ((p["bytes_received"] or 0) / 1e6, ".2f")]
+        test = p.get("test") or {}
+        values = [(p["rank"], ""), (p["steps"], ""), (p["rounds"], ""),
+                  *((test.get(key), spec) for _, _, key, spec in metrics), (p["wait_seconds"], ".2f"),
+                  ((p["bytes_sent"] or 0) / 1e6, ".2f"), ((p["bytes_received"] or 0) / 1e6, ".2f")]
         lines.append(" ".join(_cell(v, width, spec) for (v, spec), (_, width) in zip(values, columns)))
-    if summary["accuracy"] is not None:
-        which = "the server's model" if "server" in summary else "the peers' push-sum weighted average"
-        lines.append(f"accuracy                 {summary['accuracy']:.4f}  ({which}, model-final.pt)")
-    if summary["mean_test_accuracy"] is not None:
-        lines.append(f"mean test accuracy       {summary['mean_test_accuracy']:.4f}  (over the peers' own copies)")
+    which = "the server's model" if "server" in summary else "the peers' push-sum weighted average"
+    final = summary.get("final_model") or {}
+    if summary.get("headline") == "loss" and summary["loss"] is not None:
+        bits = f"{final['bits_per_char']:.3f} bits per character, " if "bits_per_char" in final else ""
+        accuracy = f"next-character accuracy {summary['accuracy']:.4f}; " if summary["accuracy"] is not None else ""
+        lines.append(f"validation loss          {summary['loss']:.4f} nats ({bits}{accuracy}{which}, model-final.pt)")
+        if summary["mean_test_loss"] is not None:
+            lines.append(f"mean validation loss     {summary['mean_test_loss']:.4f}  (over the peers' own copies)")
+    else:
+        if summary["accuracy"] is not None:
+            lines.append(f"accuracy                 {summary['accuracy']:.4f}  ({which}, model-final.pt)")
+        if summary["mean_test_accuracy"] is not None:
+            lines.append(f"mean test accuracy       {summary['mean_test_accuracy']:.4f}  (over the peers' own copies)")
     if "server" in summary:
         server = summary["server"]
         if server.get("optimizer"):
             optimizer = server["optimizer"]
-            lines.append(f"server optimizer         SGD lr {optimizer['lr']:.4g}, momentum {optimizer['momentum']:.4g} "
+            name, mu = ("AdamW", "beta1") if optimizer.get("name") == "adamw" else ("SGD", "momentum")
+            lines.append(f"server optimizer         {name} lr {optimizer['lr']:.4g}, {mu} {optimizer['momentum']:.4g} "
                          f"({optimizer['rule']})")
         lines.append(f"server updates           {server['updates']} (staleness histogram {server['staleness']})")
+    data = summary.get("data") or {}
+    if "sha256" in data:
+        lines.append(f"data                     {data['name']}: {data['files']} files, {data['bytes'] / 1e6:.1f} MB, sha256 "
+                     f"{data['sha256'][:12]}; --partition {summary['partition']}")
     lines.append(f"consensus distance       {summary['consensus_distance']:.3e}")
     dropped = {p["rank"]: p["dropped"] for p in summary["peers"] if p.get("dropped")}
     if dropped:

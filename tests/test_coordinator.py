@@ -11,9 +11,15 @@ from gossip.config import CoordinatorConfig
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.dcasgd import DelayCompensation
 from gossip.coordinator.modes import build_core, server_optimizer
+from gossip.optim import OptimizerSpec
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
 from gossip.health import BLOWN_UP_NORM, model_problem
+
+
+
+def sgd(lr: float, momentum: float) -> OptimizerSpec:
+    return OptimizerSpec("sgd", lr, momentum)
 
 
 class Recorder:
@@ -23,7 +29,7 @@ class Recorder:
         self.batches: list[list[int]] = []
         self.sent_to: list[int] = []
 
-    def apply(self, batch, staleness) -> None:
+    def apply(self, batch, staleness, version) -> None:
         self.batches.append([c.worker for c in batch])
 
     def sent(self, worker: int) -> None:
@@ -142,38 +148,38 @@ def test_default_server_optimizer_compensates_the_momentum_of_asynchrony_and_kee
     for mode in ("ps-async", "ps-ssp", "ps-dcasgd"):
         # 4 workers: asynchrony acts as momentum 1 - 1/4, so 0.9 - 0.75 = 0.15 is left explicit; the lr keeps
         # the long-run step per gradient, lr / (1 - mu), at ps-sync's for one of N gradients: 0.05 / 0.1 / 4
-        four = server_optimizer(mode, 0.05, 0.9, 4, auto)
+        four = server_optimizer(mode, sgd(0.05, 0.9), 4, auto)
         assert four.momentum == pytest.approx(0.15) and four.lr == pytest.approx(0.05 * 0.85 / (0.1 * 4))
-        eight = server_optimizer(mode, 0.05, 0.9, 8, auto)
+        eight = server_optimizer(mode, sgd(0.05, 0.9), 8, auto)
         assert eight.momentum == pytest.approx(0.025) and eight.lr == pytest.approx(0.05 * 0.975 / 0.8)
         assert "updates in flight" in four.rule and "max(0, 0.9 - (1 - 1/4))" in four.rule
         for workers in (2, 3, 4, 8, 16):
-            chosen = server_optimizer(mode, 0.05, 0.9, workers, auto)
+            chosen = server_optimizer(mode, sgd(0.05, 0.9), workers, auto)
             assert chosen.lr / (1 - chosen.momentum) * workers == pytest.approx(0.05 / (1 - 0.9))
     # more workers than momentum to compensate: momentum-free, DC-ASGD's server update, at lr / ((1 - mu) N)
-    many = server_optimizer("ps-async", 0.05, 0.9, 16, auto)
+    many = server_optimizer("ps-async", sgd(0.05, 0.9), 16, auto)
     assert many.momentum == 0.0 and many.lr == pytest.approx(0.05 / (0.1 * 16))
-    assert server_optimizer("ps-async", 0.1, 0.0, 4, auto).lr == pytest.approx(0.025)  # no momentum: lr / N
+    assert server_optimizer("ps-async", sgd(0.1, 0.0), 4, auto).lr == pytest.approx(0.025)  # no momentum: lr / N
     # no asynchrony left (one worker, or soft sync over all N): exactly the synchronous optimizer
     for workers, soft_sync in ((1, 1), (4, 4), (8, 8)):
-        same = server_optimizer("ps-async", 0.05, 0.9, workers, CoordinatorConfig(soft_sync=soft_sync))
+        same = server_optimizer("ps-async", sgd(0.05, 0.9), workers, CoordinatorConfig(soft_sync=soft_sync))
         assert (same.lr, same.momentum) == pytest.approx((0.05, 0.9))
-    halves = server_optimizer("ps-async", 0.05, 0.9, 8, CoordinatorConfig(soft_sync=2))  # k = 4 in flight
+    halves = server_optimizer("ps-async", sgd(0.05, 0.9), 8, CoordinatorConfig(soft_sync=2))  # k = 4 in flight
     assert (halves.lr, halves.momentum) == pytest.approx((four.lr, four.momentum))
     # ps-sync (and ps-avg, whose server has no optimizer) keep --lr and --momentum
-    sync = server_optimizer("ps-sync", 0.05, 0.9, 8, auto)
+    sync = server_optimizer("ps-sync", sgd(0.05, 0.9), 8, auto)
     assert (sync.lr, sync.momentum) == (0.05, 0.9)
 
 
 def test_explicit_server_lr_and_momentum_win():
-    both = server_optimizer("ps-async", 0.05, 0.9, 4, CoordinatorConfig(server_lr=0.3, server_momentum=0.0))
+    both = server_optimizer("ps-async", sgd(0.05, 0.9), 4, CoordinatorConfig(server_lr=0.3, server_momentum=0.0))
     assert (both.lr, both.momentum) == (0.3, 0.0) and "--server-lr" in both.rule
     # an explicit momentum alone keeps the matched long-run step; an explicit lr alone keeps auto momentum
-    mu = server_optimizer("ps-dcasgd", 0.05, 0.9, 4, CoordinatorConfig(server_momentum="0.5"))
+    mu = server_optimizer("ps-dcasgd", sgd(0.05, 0.9), 4, CoordinatorConfig(server_momentum="0.5"))
     assert mu.momentum == 0.5 and mu.lr == pytest.approx(0.05 * 0.5 / (0.1 * 4))
-    lr = server_optimizer("ps-ssp", 0.05, 0.9, 4, CoordinatorConfig(server_lr="0.2"))
+    lr = server_optimizer("ps-ssp", sgd(0.05, 0.9), 4, CoordinatorConfig(server_lr="0.2"))
     assert lr.lr == 0.2 and lr.momentum == pytest.approx(0.15)
-    sync = server_optimizer("ps-sync", 0.05, 0.9, 4, CoordinatorConfig(server_momentum=0.0))
+    sync = server_optimizer("ps-sync", sgd(0.05, 0.9), 4, CoordinatorConfig(server_momentum=0.0))
     assert (sync.lr, sync.momentum) == (0.05, 0.0)
 
 

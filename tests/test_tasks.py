@@ -9,14 +9,7 @@ import pytest
 
 from gossip.errors import TaskError
 from gossip.tasks import TaskContext, build_task
-from gossip.tasks.digits import load_dataset, shard, stratified_split
-
-
-def test_shards_are_disjoint_and_cover_the_training_set():
-    shards = [shard(1438, rank, 4, seed=3) for rank in range(4)]
-    joined = np.concatenate(shards)
-    assert len(joined) == len(set(joined.tolist())) == 1438
-    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+from gossip.tasks.digits import load_dataset, stratified_split
 
 
 def test_the_test_split_is_stratified_and_fixed():

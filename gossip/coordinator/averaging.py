@@ -13,7 +13,8 @@ class ParameterAverage:
     def __init__(self, flat: FlatParams) -> None:
         self.flat = flat
 
-    def apply(self, batch: list[Contribution], staleness: list[int]) -> None:
+    def apply(self, batch: list[Contribution], staleness: list[int], version: int) -> None:
+        """The workers' mean; there is no server learning rate (None)."""
         share = 1.0 / len(batch)
         terms = [(-1.0, list(self.flat.views()))] + [(share, c.chunks) for c in batch]
         self.flat.combine_(terms)  # W <- 0 * W + sum_m W_m / N, in one fused pass

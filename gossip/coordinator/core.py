@@ -32,8 +32,9 @@ class Contribution:
 
 
 class Update(Protocol):
-    def apply(self, batch: list[Contribution], staleness: list[int]) -> None:
-        """Change the server's weights with one batch of contributions."""
+    def apply(self, batch: list[Contribution], staleness: list[int], version: int) -> float | None:
+        """Change the server's weights with one batch of contributions, making ``version``; returns the
+        learning rate it stepped with (None when the update has none)."""
 
     def sent(self, worker: int) -> None:
         """The current weights are being sent to ``worker`` (DC-ASGD backs them up)."""
@@ -49,6 +50,7 @@ class Applied:
     version: int  # the version the batch produced
     workers: list[int]
     staleness: list[int]
+    lr: float | None = None  # the server optimizer's, for this update
 
 
 @dataclass
@@ -103,11 +105,11 @@ class ServerCore:
             return []
         batch, self.pending = self.pending, []
         taus = [self.version - c.version for c in batch]
-        self.update.apply(batch, taus)
+        lr = self.update.apply(batch, taus, self.version + 1)
         self.version += 1
         self.updates += 1
         self.staleness.update(taus)
-        self.applied.append(Applied(self.version, [c.worker for c in batch], taus))
+        self.applied.append(Applied(self.version, [c.worker for c in batch], taus, lr))
         return [c.worker for c in batch]
 
     def _release(self, due: list[int]) -> list[int]:

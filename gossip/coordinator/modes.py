@@ -38,6 +38,7 @@ from gossip.coordinator.dcasgd import DelayCompensation
 from gossip.coordinator.sgd import GradientStep
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
+from gossip.optim import OptimizerSpec, Schedule
 
 SENDS_WEIGHTS = {"ps-avg"}  # every other mode sends gradients
 ASYNCHRONOUS = ("ps-async", "ps-ssp", "ps-dcasgd")  # apply gradients on arrival: the "auto" rule adapts them
@@ -45,37 +46,59 @@ ASYNCHRONOUS = ("ps-async", "ps-ssp", "ps-dcasgd")  # apply gradients on arrival
 
 @dataclass(frozen=True)
 class ServerOptimizer:
-    lr: float
-    momentum: float
+    name: str  # sgd or adamw
+    lr: float  # the peak; ``schedule`` scales it by version
+    momentum: float  # SGD's momentum, or AdamW's beta1
     rule: str  # how lr and momentum were chosen, in words (logged and shown in the summary)
+    schedule: Schedule = Schedule()
+    beta2: float = 0.999
+    weight_decay: float = 0.0
 
-    def build(self, parameters) -> torch.optim.SGD:
-        return torch.optim.SGD(parameters, lr=self.lr, momentum=self.momentum)
+    def build(self, parameters) -> torch.optim.Optimizer:
+        return OptimizerSpec(self.name, self.lr, self.momentum, (self.momentum, self.beta2),
+                             self.weight_decay).build(parameters)
+
+    def describe(self) -> dict:
+        """What the server's ``ready`` event and the summary show."""
+        return {"name": self.name, "lr": self.lr, "momentum": self.momentum, "rule": self.rule,
+                "schedule": self.schedule.kind, "total_versions": self.schedule.total,
+                "warmup_versions": self.schedule.warmup, "min_lr": self.lr * self.schedule.min_ratio}
 
 
-def server_optimizer(mode: str, lr: float, momentum: float, workers: int,
-                     settings: CoordinatorConfig) -> ServerOptimizer:
-    """The server's SGD for ``mode`` with ``workers`` workers, from the run's ``--lr`` and ``--momentum``
-    and ``settings.server_lr`` / ``settings.server_momentum`` ("auto" or a number; module docstring)."""
+def server_optimizer(mode: str, spec: OptimizerSpec, workers: int, settings: CoordinatorConfig,
+                     schedule: Schedule = Schedule()) -> ServerOptimizer:
+    """The server's optimizer for ``mode`` with ``workers`` workers, from the run's optimizer ``spec`` and
+    ``settings.server_lr`` / ``settings.server_momentum`` ("auto" or a number; module docstring), with the
+    run's lr ``schedule`` (over steps) carried over to versions."""
     explicit_mu, explicit_lr = settings.server_momentum != "auto", settings.server_lr != "auto"
+    adamw = spec.name == "adamw"
+    given_mu = spec.betas[0] if adamw else spec.momentum
+    mu_name = "beta1" if adamw else "momentum"
+    k = workers / min(settings.soft_sync, workers) if mode in ASYNCHRONOUS else 1.0  # updates in flight
     if mode in ASYNCHRONOUS:
-        k = workers / min(settings.soft_sync, workers)  # updates in flight at once
-        mu = settings.server_momentum if explicit_mu else max(0.0, momentum - (1.0 - 1.0 / k))
-        step = settings.server_lr if explicit_lr else lr * (1.0 - mu) / ((1.0 - momentum) * k)
-        how_mu = "--server-momentum" if explicit_mu else f"max(0, {momentum:g} - (1 - 1/{k:g}))"
-        how_lr = "--server-lr" if explicit_lr else f"{lr:g} * (1 - {mu:g}) / ((1 - {momentum:g}) * {k:g})"
-        return ServerOptimizer(step, mu, f"{k:g} updates in flight: momentum = {how_mu}, lr = {how_lr}")
-    mu = settings.server_momentum if explicit_mu else momentum
-    step = settings.server_lr if explicit_lr else lr
-    how_mu, how_lr = ("--server-momentum" if explicit_mu else "--momentum"), ("--server-lr" if explicit_lr else "--lr")
-    return ServerOptimizer(step, mu, f"synchronous: momentum = {how_mu}, lr = {how_lr}")
+        mu = settings.server_momentum if explicit_mu else max(0.0, given_mu - (1.0 - 1.0 / k))
+        # AdamW's average of gradients has unit gain whatever beta1 is: only the count of updates matters
+        matched = spec.lr / k if adamw else spec.lr * (1.0 - mu) / ((1.0 - given_mu) * k)
+        step = settings.server_lr if explicit_lr else matched
+        how_mu = "--server-momentum" if explicit_mu else f"max(0, {given_mu:g} - (1 - 1/{k:g}))"
+        how_lr = "--server-lr" if explicit_lr else (f"{spec.lr:g} / {k:g}" if adamw else
+                                                    f"{spec.lr:g} * (1 - {mu:g}) / ((1 - {given_mu:g}) * {k:g})")
+        rule = f"{k:g} updates in flight: {mu_name} = {how_mu}, lr = {how_lr}"
+    else:
+        mu = settings.server_momentum if explicit_mu else given_mu
+        step = settings.server_lr if explicit_lr else spec.lr
+        how_mu = "--server-momentum" if explicit_mu else ("--betas" if adamw else "--momentum")
+        rule = f"synchronous: {mu_name} = {how_mu}, lr = {'--server-lr' if explicit_lr else '--lr'}"
+    by_version = Schedule(schedule.kind, round(schedule.total * k), round(schedule.warmup * k), schedule.min_ratio)
+    return ServerOptimizer(spec.name, step, mu, rule, by_version, spec.betas[1], spec.weight_decay)
 
 
 def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimizer: torch.optim.Optimizer,
-               workers: int) -> ServerCore:
-    """The server state machine for ``mode``; the optimizer steps the model that ``flat`` flattened."""
+               workers: int, schedule: Schedule = Schedule()) -> ServerCore:
+    """The server state machine for ``mode``; the optimizer steps the model that ``flat`` flattened, its lr
+    set by ``schedule`` for each version."""
     if mode == "ps-sync":
-        return ServerCore(workers, GradientStep(flat, optimizer), batch_size=workers)
+        return ServerCore(workers, GradientStep(flat, optimizer, schedule=schedule), batch_size=workers)
     if mode == "ps-avg":
         return ServerCore(workers, ParameterAverage(flat), batch_size=workers)
     compensation = None
@@ -84,6 +107,6 @@ def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimiz
                                          settings.dc_momentum, settings.dc_epsilon)
     elif mode not in ("ps-async", "ps-ssp"):
         raise ConfigError(f"{mode!r} is not a parameter-server mode")
-    update = GradientStep(flat, optimizer, settings.staleness_lr, compensation)
+    update = GradientStep(flat, optimizer, settings.staleness_lr, compensation, schedule)
     bound = settings.staleness_bound if mode == "ps-ssp" else None
     return ServerCore(workers, update, batch_size=settings.soft_sync, staleness_bound=bound)

