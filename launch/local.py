@@ -28,7 +28,7 @@ from gossip.errors import ConfigError, Diverged
 from gossip.net.address import split_endpoint
 from gossip.net.security import load_keys
 from gossip.recipes import recipe
-from gossip.tasks import load_task
+from gossip.tasks import check_task, load_task
 from launch.links import Links, check_link_support
 from launch.procs import START_METHODS, start_peer, stop_all, warm_up_for_fork
 from launch.progress import Progress
@@ -154,6 +154,7 @@ def with_links(cfg: RunConfig) -> tuple[RunConfig, Links | None]:
 
 def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_METHODS[0], plot: bool = True) -> int:
     load_task(cfg.task)  # an unknown task fails here, in one line, not in N peers
+    check_task(cfg)  # so does data a built-in task cannot deal out
     if cfg.gossip.secure:  # so do missing keys
         for rank in range(cfg.nodes + (1 if cfg.gossip.parameter_server else 0)):
             load_keys(cfg.gossip.secure, rank, cfg.nodes, cfg.gossip.parameter_server)

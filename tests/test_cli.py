@@ -197,6 +197,23 @@ def test_defaults_are_four_peers_on_a_ring_training_digits():
     (["--aggregate", "median", "--deadline", "adaptive"], "push-sum masses assume a linear mean"),
     (["--byzantine", "1,x"], "is not a comma-separated list of integers"),
     (["--byzantine", "4"], "--byzantine must list peer ranks in 0..3, got 4"),
+    (["--optimizer", "adam"], "--optimizer 'adam' is not valid; choose one of: sgd, adamw"),
+    (["--lr", "fast"], "--lr must be a number or auto, got 'fast'"),
+    (["--steps", "2.5"], "--steps must be an integer or auto, got '2.5'"),
+    (["--lr-schedule", "step"], "--lr-schedule 'step' is not valid; choose one of: constant, cosine, linear"),
+    (["--min-lr", "1"], "--min-lr must be in 0..--lr (0.05), got 1.0"),
+    (["--warmup-steps", "-3"], "--warmup-steps must be >= 0, got -3"),
+    (["--optimizer", "adamw", "--momentum", "0.5"], "--momentum is SGD's; AdamW's momentum is the first of --betas"),
+    (["--betas", "0.9,1.5"], "--betas must be two numbers in [0, 1)"),
+    (["--lr-schedule", "cosine", "--schedule", "time", "--rounds", "5"], "which --schedule time does not fix"),
+    (["--partition", "dirichlet:0"], "--partition dirichlet:0: ALPHA must be > 0"),
+    (["--partition", "dirichlet:0.001", "--nodes", "60"], "left a peer with fewer than 23 samples in 1000 draws"),
+    (["--partition", "by-file"], "--partition by-file does not apply to --task digits; use iid or dirichlet:ALPHA"),
+    (["--task", "charlm", "--partition", "dirichlet:1"], "does not apply to --task charlm; use iid or by-file"),
+    (["--task", "charlm", "--partition", "by-file", "--nodes", "5000"], "at least one file per peer"),
+    (["--task", "charlm", "--data", "/no/such/corpus"], "--data /no/such/corpus: no such file or folder"),
+    (["--task", "charlm", "--model-dim", "100", "--heads", "3"], "--model-dim 100 must be a multiple of --heads 3"),
+    (["--layers", "4"], "--layers applies to --task charlm, not --task digits"),
 ])
 def test_bad_input_gives_one_clear_line_and_exit_2(args, expected, tmp_path, launch_here):
     status, stderr = launch_here(*args, "--out", str(tmp_path / "out"), "--base-port", str(free_base_port(8)))

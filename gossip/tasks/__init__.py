@@ -123,6 +123,18 @@ def load_task(spec: str) -> Callable[[TaskContext], Task]:
     return factory
 
 
+# built-in tasks that can refuse a run before any peer starts (a missing --data, more peers than files)
+CHECKS = {"charlm": "gossip.tasks.charlm:check", "digits": "gossip.tasks.digits:check",
+          "digits-wide": "gossip.tasks.digits:check", "mnist": "gossip.tasks.digits:check_mnist"}
+
+
+def check_task(cfg: RunConfig) -> None:
+    """``TaskError`` or ``ConfigError`` (one line) when a built-in task cannot give every peer its data; the
+    launcher asks before it starts any peer. User tasks are checked by their peers."""
+    if cfg.task in CHECKS:
+        load_task(CHECKS[cfg.task])(context_for(cfg, 0))
+
+
 def build_task(spec: str, ctx: TaskContext) -> Task:
     task = load_task(spec)(ctx)
     if not isinstance(task, Task):

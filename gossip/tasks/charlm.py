@@ -126,6 +126,13 @@ def shard(corpus: Corpus, cut: Windows, ctx: TaskContext) -> np.ndarray:
     return cut.train[mine]
 
 
+def check(ctx: TaskContext) -> None:
+    """Read the corpus and deal its windows, as every peer will: a missing --data, a text too short for
+    --context or more peers than files under ``by-file`` fails here, in one line."""
+    corpus = read_corpus(ctx.data)
+    shard(corpus, windows(corpus, ctx.context), ctx)
+
+
 def make_task(ctx: TaskContext) -> Task:
     corpus = read_corpus(ctx.data)
     cut = windows(corpus, ctx.context)

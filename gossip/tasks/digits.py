@@ -76,6 +76,16 @@ def shard(labels: np.ndarray, rank: int, world_size: int, seed: int, partition: 
     return deal(rule, world_size, seed, n_samples=len(labels), labels=labels, min_samples=max(1, least))[rank]
 
 
+def check(ctx: TaskContext, dataset: str = "digits") -> None:
+    """Deal the shards as every peer will: a label-skewed draw that cannot give each peer a batch fails here."""
+    labels = load_split(dataset)[1].numpy()
+    shard(labels, ctx.rank, ctx.world_size, ctx.seed, ctx.partition, ctx.batch_size)
+
+
+def check_mnist(ctx: TaskContext) -> None:
+    check(ctx, "mnist")
+
+
 def make_model(seed: int, inputs: int = 64, hidden: tuple[int, ...] = HIDDEN) -> nn.Module:
     """An MLP inputs-hidden...-10 with ReLUs between the layers, seeded (the same weights on every peer)."""
     torch.manual_seed(seed)
