@@ -138,8 +138,8 @@ def table(results: dict, target: float) -> str:
         for row, r in rows.items():
             ratio = r["loss"] / reference if reference else None
             sent = None if r["bytes_sent"] is None else r["bytes_sent"] / 1e6
-            lines.append(f"| {block} | {row} | {r['loss']:.4f} | {cell(ratio, '.3f')} | "
-                         f"{cell(r['time_to_target'], '.0f', ' s') if r['time_to_target'] is not None else 'not reached'} | "
+            reached = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.0f} s"
+            lines.append(f"| {block} | {row} | {r['loss']:.4f} | {cell(ratio, '.3f')} | {reached} | "
                          f"{r['wall_seconds']:.0f} s | {cell(sent, ',.0f')} | {r['consensus_distance']:.3g} | "
                          f"{cell(r['loss_spread'], '.4f')} |")
     return "\n".join(lines)

@@ -90,7 +90,7 @@ def digits_parts(args: argparse.Namespace, rank: int):
 
 
 def charlm_parts(args: argparse.Namespace, rank: int):
-    cfg, ctx = args.run, context_for(args.run, rank)
+    ctx = context_for(args.run, rank)
     corpus = read_corpus(ctx.data)
     cut = windows(corpus, ctx.context)
     text = torch.from_numpy(corpus.text.copy())

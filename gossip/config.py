@@ -481,7 +481,8 @@ def _check_training(cfg: RunConfig) -> None:
     _check_positive(cfg, "lr")
     if not (_is_real(cfg.momentum) and 0 <= cfg.momentum < 1):
         raise ConfigError(f"--momentum {cfg.momentum} must be in [0, 1)")
-    if not (isinstance(cfg.betas, tuple) and len(cfg.betas) == 2 and all(_is_real(b) and 0 <= b < 1 for b in cfg.betas)):
+    betas = cfg.betas
+    if not (isinstance(betas, tuple) and len(betas) == 2 and all(_is_real(b) and 0 <= b < 1 for b in betas)):
         raise ConfigError(f"--betas must be two numbers in [0, 1), e.g. 0.9,0.999; got {cfg.betas!r}")
     if not (_is_real(cfg.weight_decay) and cfg.weight_decay >= 0):
         raise ConfigError(f"--weight-decay must be a number >= 0, got {cfg.weight_decay!r}")

@@ -340,15 +340,20 @@ def flag_argv(values: dict[str, Any], table: list[Flag]) -> list[str]:
     for row in table:
         if row.name not in values or values[row.name] == default_of(row.name):
             continue
-        if row.name in AUTO_FIELDS and values[row.name] == recipe_values(
-                values.get("task", "digits"), values.get("optimizer", "auto"), values.get("steps"), values.get("lr"))[row.name]:
-            continue  # what "auto" gives
+        if row.name in AUTO_FIELDS and values[row.name] == auto_value(row.name, values):
+            continue
         value = values[row.name]
         if isinstance(value, bool):
             argv.append(row.flag if value else f"--no-{row.flag[2:]}")
         else:
             argv += [row.flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
     return argv
+
+
+def auto_value(name: str, values: dict[str, Any]) -> Any:
+    """What "auto" gives field ``name`` of a run with these ``values`` (its task, optimizer, steps and lr)."""
+    return recipe_values(values.get("task", "digits"), values.get("optimizer", "auto"), values.get("steps"),
+                         values.get("lr"))[name]
 
 
 def field_values(cfg: RunConfig, rendezvous: RendezvousConfig | None = None) -> dict[str, Any]:

@@ -45,7 +45,8 @@ class PeerState:
 
 
 class Progress:
-    def __init__(self, out: Path, nodes: int, steps: int, mode: str, rounds: int = 0, headline: str = "accuracy") -> None:
+    def __init__(self, out: Path, nodes: int, steps: int, mode: str, rounds: int = 0,
+                 headline: str = "accuracy") -> None:
         """``rounds`` > 0: the run lasts that many rounds (schedule "time"), which is then the progress shown;
         ``headline``: the evaluated metric shown, "accuracy" or (charlm) the validation "loss"."""
         self.headline = headline

@@ -264,8 +264,8 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
         lines.append(f"server updates           {server['updates']} (staleness histogram {server['staleness']})")
     data = summary.get("data") or {}
     if "sha256" in data:
-        lines.append(f"data                     {data['name']}: {data['files']} files, {data['bytes'] / 1e6:.1f} MB, sha256 "
-                     f"{data['sha256'][:12]}; --partition {summary['partition']}")
+        lines.append(f"data                     {data['name']}: {data['files']} files, {data['bytes'] / 1e6:.1f} MB, "
+                     f"sha256 {data['sha256'][:12]}; --partition {summary['partition']}")
     lines.append(f"consensus distance       {summary['consensus_distance']:.3e}")
     dropped = {p["rank"]: p["dropped"] for p in summary["peers"] if p.get("dropped")}
     if dropped:

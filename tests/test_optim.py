@@ -11,7 +11,7 @@ import torch
 from gossip.config import CoordinatorConfig, RunConfig
 from gossip.coordinator.modes import server_optimizer
 from gossip.optim import BASE_LR, OptimizerSpec, Schedule, run_schedule
-from launch.flags import field_values, flag_argv, FLAGS
+from launch.flags import FLAGS, field_values, flag_argv
 
 
 def test_warm_up_then_cosine_to_the_floor_in_closed_form():

@@ -71,7 +71,8 @@ def test_digits_shards_are_disjoint_and_complete_under_every_rule():
     labels = load_split()[1].numpy()
     for spec in ("iid", "dirichlet:0.1", "dirichlet:10"):
         for world_size in (1, 4, 8):
-            shards = [shard(labels, rank, world_size, seed=2, partition=spec, batch_size=32) for rank in range(world_size)]
+            shards = [shard(labels, rank, world_size, seed=2, partition=spec, batch_size=32)
+                      for rank in range(world_size)]
             assert_disjoint_and_complete(shards, len(labels))
             assert min(map(len, shards)) >= min(32, len(labels) // world_size)
 
