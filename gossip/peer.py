@@ -43,19 +43,23 @@ from gossip.tasks import Task, build_task, context_for
 
 log = logging.getLogger("gossip.peer")
 MAX_TRACE_RECORDS = 200
+MAX_TRACE_VALUES = 1 << 21  # per peer, over all records: 8 MB of float32 (a 0.44 M-parameter charlm: 10,000 coordinates)
 STEP_EXTRAS = ("staleness", "last_mix", "last_mixed_rounds", "weight", "deadline_misses",
                "stragglers")  # mode-specific step fields
 
 
 class Trace:
-    """Sampled coordinates of the weights after every ``every``-th round (the same sample on every peer)."""
+    """Sampled coordinates of the weights after every ``every``-th round (the same sample on every peer): at
+    most ``MAX_TRACE_RECORDS`` rounds and ``MAX_TRACE_VALUES`` values in all."""
 
     def __init__(self, averager: Averager, coords: int, seed: int, rounds: int) -> None:
         self.flat = averager.flat
         numel = self.flat.numel
-        picked = np.sort(np.random.default_rng(seed).choice(numel, size=min(coords, numel), replace=False))
-        self.index = torch.from_numpy(picked)
         self.every = max(1, math.ceil(rounds / MAX_TRACE_RECORDS))
+        records = rounds // self.every + 2  # and round 0, and the final record
+        size = min(coords, numel, max(1, MAX_TRACE_VALUES // records))
+        picked = np.sort(np.random.default_rng(seed).choice(numel, size=size, replace=False))
+        self.index = torch.from_numpy(picked)
         self.float64 = all(s.dtype == torch.float64 for s in self.flat.segments)
         self.averager = averager
         self.rounds: list[int] = []

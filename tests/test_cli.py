@@ -112,6 +112,8 @@ def readme_says(text: str, name: str, flag: str, default) -> bool:
         return text in (("on", "true", flag[2:]) if default else ("off", "false"))
     if default in ((), ""):
         return text in ("none", "off", PER_PEER_DEFAULTS.get(name, "none"))
+    if isinstance(default, tuple):  # a list flag: its values as the flag takes them
+        return text == ",".join(map(str, default))
     if isinstance(default, (int, float)):
         try:
             return float(text) == float(default)
