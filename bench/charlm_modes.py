@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from straggler import free_port_range, read_events
+from straggler import free_port_range, mean_eval_curve, read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("gossip-sync", "gossip-async", "ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")
@@ -76,15 +76,7 @@ def loss_curve(out: Path, t0: float) -> list[tuple[float, float]]:
     if server.exists():
         events = [json.loads(line) for line in server.read_text().splitlines() if line.strip()]
         return sorted((e["time"] - t0, e["loss"]) for e in events if e["event"] == "eval")
-    evals = sorted((e["time"] - t0, rank, e["loss"]) for rank, peer in enumerate(read_events(out)) for e in peer
-                   if e["event"] == "eval")
-    evaluating = {rank for _, rank, _ in evals}
-    latest, curve = {}, []
-    for t, rank, loss in evals:
-        latest[rank] = loss
-        if len(latest) == len(evaluating):
-            curve.append((t, sum(latest.values()) / len(latest)))
-    return curve
+    return mean_eval_curve(read_events(out), t0, "loss")
 
 
 def analyse(out: Path, target: float) -> dict:

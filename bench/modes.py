@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from straggler import free_port_range, mean_accuracy_curve, read_events, run_ddp
+from straggler import free_port_range, mean_eval_curve, read_events, run_ddp
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("gossip-sync", "gossip-async", "ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")
@@ -66,7 +66,7 @@ def time_to(out: Path, targets: list[float]) -> dict[str, float | None]:
     if server.exists():  # the product is the server's model: its own evaluations
         curve = sorted((e["time"] - t0, e["accuracy"]) for e in peers[-1] if e["event"] == "eval")
     else:  # the mean over peers of each one's latest evaluation
-        curve = mean_accuracy_curve(peers, t0)
+        curve = mean_eval_curve(peers, t0)
     return {f"{target:.2f}": next((t for t, accuracy in curve if accuracy >= target), None) for target in targets}
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from straggler import mean_accuracy_curve  # noqa: E402 - (bench/, the script's directory)
+from straggler import mean_eval_curve  # noqa: E402 - (bench/, the script's directory)
 
 from tests import netns  # noqa: E402 - the namespaces the tests make
 from tests.conftest import free_base_port  # noqa: E402
@@ -88,7 +88,7 @@ def analyse(out: Path, target: float, peers: int = 4) -> dict:
     events = [[json.loads(line) for line in (out / f"peer-{r}.jsonl").read_text().splitlines() if line.strip()]
               for r in range(peers)]
     t0 = min(e["time"] for peer in events for e in peer if e["event"] == "ready")
-    curve = mean_accuracy_curve(events, t0)
+    curve = mean_eval_curve(events, t0)
     ends = [next(e for e in peer if e["event"] == "end") for peer in events]
     evaluating = {rank for rank, peer in enumerate(events) if any(e["event"] == "eval" for e in peer)}
     final = [end["test"]["accuracy"] for rank, end in enumerate(ends) if rank in evaluating]

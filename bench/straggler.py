@@ -93,15 +93,15 @@ def read_events(out: Path) -> list[list[dict]]:
             for r in ranks]
 
 
-def mean_accuracy_curve(events: list[list[dict]], t0: float) -> list[tuple[float, float]]:
-    """(seconds since ``t0``, mean over the evaluating peers of each one's latest test accuracy), from the
-    moment every one of them has evaluated once."""
-    evals = sorted((e["time"] - t0, rank, e["accuracy"]) for rank, peer in enumerate(events) for e in peer
+def mean_eval_curve(events: list[list[dict]], t0: float, metric: str = "accuracy") -> list[tuple[float, float]]:
+    """(seconds since ``t0``, mean over the evaluating peers of each one's latest evaluated ``metric``), from
+    the moment every one of them has evaluated once."""
+    evals = sorted((e["time"] - t0, rank, e[metric]) for rank, peer in enumerate(events) for e in peer
                    if e["event"] == "eval")
     evaluating = {rank for _, rank, _ in evals}
     latest, curve = {}, []
-    for t, rank, accuracy in evals:
-        latest[rank] = accuracy
+    for t, rank, value in evals:
+        latest[rank] = value
         if len(latest) == len(evaluating):
             curve.append((t, sum(latest.values()) / len(latest)))
     return curve
@@ -112,7 +112,7 @@ def analyse(out: Path, target: float, batch_size: int) -> dict:
     ``target``, final accuracy of the averaged model and the total samples trained."""
     events = read_events(out)
     t0 = min(e["time"] for peer in events for e in peer if e["event"] == "ready")
-    curve = mean_accuracy_curve(events, t0)
+    curve = mean_eval_curve(events, t0)
     hit = next((t for t, accuracy in curve if accuracy >= target), None)
     ends = [next(e for e in peer if e["event"] == "end") for peer in events]
     ddp = not (out / "summary.json").exists()
