@@ -31,7 +31,7 @@ from gossip.config import RendezvousConfig, RunConfig
 from gossip.errors import ConfigError
 from gossip.net.address import host_of_rank, is_ip, is_loopback, parse_hostfile, parse_hosts
 from gossip.rendezvous import hosts_endpoints, hosts_server_endpoint
-from gossip.tasks import load_task
+from gossip.tasks import check_task, load_task
 from launch.flags import SHARED_FLAGS, config_from_args, field_values, flag_argv
 from launch.local import Member, check_ports, prepare_out, supervise
 from launch.procs import start_peer, warm_up_for_fork
@@ -132,6 +132,7 @@ def run_hosts(args: argparse.Namespace, rendezvous: RendezvousConfig, nodes_give
     spec = host_spec(rendezvous)
     cfg = run_config(args, spec, nodes_given)
     load_task(cfg.task)
+    check_task(cfg)  # the data as this host has it; every host must hold the same (the summary shows its hash)
     hosts = parse_hosts(spec)
     local_ranks = [r for r in range(cfg.nodes) if is_local(host_of_rank(hosts, r))]
     if cfg.gossip.parameter_server and is_local(hosts[0][0]):
