@@ -163,12 +163,13 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
 
 
 def dataset(events: list[list[dict[str, Any]]]) -> dict[str, Any]:
-    """What the peers trained on (the task's ``dataset``: name, size, hash), as the first peer reported it."""
-    for peer in events:
-        ready = next((e for e in peer if e["event"] == "ready"), None)
-        if ready is not None:
-            return ready.get("dataset") or {}
-    return {}
+    """What the peers trained on (the task's ``dataset``: name, size, hash), as the first peer reported it;
+    ``differs`` lists the peers (rank: hash) whose data hash is another (hosts with another corpus)."""
+    reported = [next((e.get("dataset") or {} for e in peer if e["event"] == "ready"), None) for peer in events]
+    first = next((d for d in reported if d is not None), {})
+    differs = {str(rank): d.get("sha256") for rank, d in enumerate(reported)
+               if d is not None and d.get("sha256") != first.get("sha256")}
+    return {**first, "differs": differs} if differs else first
 
 
 def training(cfg: RunConfig) -> dict[str, Any]:
@@ -266,6 +267,9 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
     if "sha256" in data:
         lines.append(f"data                     {data['name']}: {data['files']} files, {data['bytes'] / 1e6:.1f} MB, "
                      f"sha256 {data['sha256'][:12]}; --partition {summary['partition']}")
+    if data.get("differs"):
+        lines.append(f"warning                  peer(s) {', '.join(data['differs'])} trained on other data (another "
+                     "hash): give every host the same --data")
     lines.append(f"consensus distance       {summary['consensus_distance']:.3e}")
     dropped = {p["rank"]: p["dropped"] for p in summary["peers"] if p.get("dropped")}
     if dropped:
