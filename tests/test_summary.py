@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from launch.summary import product_problem
+from launch.summary import dataset, product_problem
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(120)
@@ -22,6 +22,15 @@ def test_product_problem_names_nan_weights_and_a_non_finite_loss():
     assert product_problem({"w": torch.tensor([0.0, math.nan])}, {"loss": 0.2}) == "its weights hold NaN or Inf"
     assert product_problem(healthy, {"loss": math.inf}) == "its test loss is inf"
     assert "blown up" in product_problem({"w": torch.full((2,), 1e20)}, {"loss": 1.0})
+
+
+def test_the_data_is_the_first_peers_and_peers_with_other_data_are_named():
+    def ready(sha: str) -> list[dict]:
+        return [{"event": "start"}, {"event": "ready", "dataset": {"name": "text", "sha256": sha}}]
+
+    assert dataset([ready("a"), ready("a")]) == {"name": "text", "sha256": "a"}
+    assert dataset([[{"event": "start"}], ready("a"), ready("b"), ready("a")])["differs"] == {"2": "b"}
+    assert dataset([[], []]) == {}
 
 
 def test_gossip_summary_headlines_the_averaged_model_and_refuses_a_nan_one(launch_run):
