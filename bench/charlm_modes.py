@@ -1,7 +1,7 @@
 """Every mode at its defaults on the real workload: a character-level transformer (``--task charlm``).
 
     python bench/charlm_modes.py                                   # everything: about 2.5 hours on 2 cores
-    python bench/charlm_modes.py --settings 4 --partitions iid     # one row block: about 20 minutes
+    python bench/charlm_modes.py --settings 4 --partitions iid     # one row block: about 15 minutes
     python bench/charlm_modes.py --modes gossip-sync,ps-sync --baselines none --settings 4
 
 Each mode runs as a user runs it, ``python -m launch --task charlm --mode M --partition P``, every other
