@@ -23,9 +23,19 @@ pytestmark = pytest.mark.timeout(60)
 STEPS, EVERY = 12, 4
 
 
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
+def architecture() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
+
+
+with torch.random.fork_rng():  # drawn once: peers are threads, and seeding the global generator in each races
+    torch.manual_seed(0)
+    INITIAL = architecture().state_dict()
+
+
+def make_model() -> torch.nn.Module:
+    model = architecture()
+    model.load_state_dict(INITIAL)
+    return model
 
 
 def batches(rank: int):
