@@ -39,6 +39,7 @@ AGGREGATES = ("mean", "median", "trimmed-mean")  # gossip/aggregate.py
 COMPRESS = ("none", "float16", "int8")  # gossip/compression.py
 OPTIMIZERS = ("sgd", "adamw")  # gossip/optim.py
 LR_SCHEDULES = ("constant", "cosine", "linear")
+OUTER_OPTIMIZERS = ("sgd", "nesterov")  # ps-avg's outer step: gossip/coordinator/averaging.py
 MODEL_FLAGS = ("data", "context", "layers", "model_dim", "heads")  # the fields only charlm reads
 MiB = 1 << 20
 DEFAULT_NODES = 4
@@ -227,10 +228,23 @@ class CoordinatorConfig:
     # the server's SGD, "auto" or a number used as given; "auto" is server_optimizer in gossip/coordinator/modes.py
     server_momentum: float | str = "auto"
     server_lr: float | str = "auto"
+    # ps-avg's outer step on the workers' mean change (DiLoCo); sgd with lr 1 and momentum 0 is plain averaging.
+    # "auto": sgd 1 and 0; nesterov 0.7 and 0.9, OpenDiLoCo's (gossip/coordinator/averaging.py)
+    outer_optimizer: str = "sgd"
+    outer_lr: float | str = "auto"
+    outer_momentum: float | str = "auto"
 
     def __post_init__(self) -> None:
         _check_auto_number(self, "server_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
         _check_auto_number(self, "server_lr", lambda v: v > 0, "> 0")
+        if self.outer_optimizer not in OUTER_OPTIMIZERS:
+            raise ConfigError(f"--outer-optimizer must be one of {', '.join(OUTER_OPTIMIZERS)}, got "
+                              f"{self.outer_optimizer!r}")
+        _check_auto_number(self, "outer_lr", lambda v: v > 0 and math.isfinite(v), "> 0")
+        _check_auto_number(self, "outer_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
+        if self.outer_optimizer == "nesterov" and self.outer_momentum == 0:
+            raise ConfigError("--outer-optimizer nesterov needs --outer-momentum > 0 (Nesterov's look-ahead is "
+                              "the momentum); use --outer-optimizer sgd for none")
         _check_int(self, "local_steps", minimum=1)
         _check_int(self, "soft_sync", minimum=1)
         _check_int(self, "staleness_bound", minimum=0)
@@ -329,12 +343,21 @@ class RunConfig:
         if self.coordinator.soft_sync > self.nodes:
             raise ConfigError(f"--soft-sync {self.coordinator.soft_sync} exceeds the {self.nodes} workers; "
                               f"use 1..{self.nodes} (1 applies every gradient on arrival)")
+        outer = [_flag(n) for n in ("outer_lr", "outer_momentum") if getattr(self.coordinator, n) != "auto"]
+        if self.coordinator.outer_optimizer != "sgd":
+            outer.insert(0, "--outer-optimizer")
+        if outer and self.gossip.mode != "ps-avg":
+            raise ConfigError(f"{' and '.join(outer)} set{'s' if len(outer) == 1 else ''} ps-avg's outer step, and "
+                              f"--mode {self.gossip.mode} has none; use --mode ps-avg (DiLoCo: --outer-optimizer "
+                              "nesterov)")
         given = [_flag(n) for n in ("server_lr", "server_momentum") if getattr(self.coordinator, n) != "auto"]
         if given and self.gossip.mode not in ("ps-sync", "ps-async", "ps-ssp", "ps-dcasgd"):
             who = "workers" if self.gossip.parameter_server else "peers"
             raise ConfigError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the parameter server's "
                               f"optimizer, which --mode {self.gossip.mode} has none of (its {who} step their own "
-                              "optimizers with --lr and --momentum)")
+                              "optimizers with --lr and --momentum" +
+                              ("; ps-avg's server steps with --outer-lr and --outer-momentum)"
+                               if self.gossip.mode == "ps-avg" else ")"))
         _check_int(self, "rounds", minimum=0)
         if self.max_restarts and self.gossip.compress != "none":
             raise ConfigError(f"--max-restarts cannot be combined with --compress {self.gossip.compress}: a restarted "

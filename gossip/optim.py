@@ -42,8 +42,8 @@ class OptimizerSpec:
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": self.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
-        if self.name == "sgd":
-            return torch.optim.SGD(groups, lr=self.lr, momentum=self.momentum)
+        if self.name in ("sgd", "nesterov"):  # nesterov: ps-avg's outer step (gossip/coordinator/averaging.py)
+            return torch.optim.SGD(groups, lr=self.lr, momentum=self.momentum, nesterov=self.name == "nesterov")
         if self.name == "adamw":
             return torch.optim.AdamW(groups, lr=self.lr, betas=self.betas)
         raise ConfigError(f"unknown optimizer {self.name!r}; choose sgd or adamw")

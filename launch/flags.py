@@ -159,6 +159,12 @@ TABLE: list[Flag] = [
 
     Flag("--server", "server", SERVER, "be the parameter server of a ps-* run", PEER),
     Flag("--local-steps", "local_steps", SERVER, "ps-avg: local steps between two averagings"),
+    Flag("--outer-optimizer", "outer_optimizer", SERVER, "ps-avg: how the server applies the workers' mean change "
+                                                         "delta = W - mean W_m: sgd (with the defaults, the plain "
+                                                         "average) or nesterov (DiLoCo, Douillard et al. 2023)"),
+    Flag("--outer-lr", "outer_lr", SERVER, "ps-avg: the outer optimizer's lr (auto: sgd 1, nesterov 0.7)"),
+    Flag("--outer-momentum", "outer_momentum", SERVER, "ps-avg: the outer optimizer's momentum (auto: sgd 0, "
+                                                       "nesterov 0.9)"),
     Flag("--server-lr", "server_lr", SERVER, "learning rate of the parameter server's SGD; auto: --lr in ps-sync, "
                                              "and in ps-async/ps-ssp/ps-dcasgd --lr * (1 - server momentum) / ((1 - "
                                              "--momentum) * k), so that k gradients move the weights as far as one "

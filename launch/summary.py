@@ -259,7 +259,8 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
         server = summary["server"]
         if server.get("optimizer"):
             optimizer = server["optimizer"]
-            name, mu = ("AdamW", "beta1") if optimizer.get("name") == "adamw" else ("SGD", "momentum")
+            name, mu = {"adamw": ("AdamW", "beta1"), "nesterov": ("Nesterov SGD", "momentum")}.get(
+                optimizer.get("name"), ("SGD", "momentum"))
             lines.append(f"server optimizer         {name} lr {optimizer['lr']:.4g}, {mu} {optimizer['momentum']:.4g} "
                          f"({optimizer['rule']})")
         lines.append(f"server updates           {server['updates']} (staleness histogram {server['staleness']})")

@@ -36,6 +36,39 @@ def test_ps_avg_with_one_local_step_equals_ps_sync(launch_run):
     assert sync.summary["server"]["updates"] == avg.summary["server"]["updates"] == 15
 
 
+def test_ps_avg_with_outer_nesterov_is_diloco_replayed_in_one_process(launch_run):
+    """Each worker takes H plain SGD steps from the server's W; the server steps Nesterov with the mean change
+    delta = W - mean W_m (m <- mu m + delta, W <- W - eta (delta + mu m)); replayed here to float rounding."""
+    nodes, local, steps, batch, eta, mu = 3, 3, 12, 32, 0.7, 0.9
+    run = launch_run("--mode", "ps-avg", "--local-steps", str(local), "--steps", str(steps), "--outer-optimizer",
+                     "nesterov", *EXACT, nodes=nodes)
+    x, y, _, _ = load_split()
+    server = make_model(seed=0)
+    momentum = [torch.zeros_like(p) for p in server.parameters()]
+    for outer in range(steps // local):
+        finals = []
+        for rank in range(nodes):
+            worker = make_model(seed=0)
+            worker.load_state_dict(server.state_dict())
+            optimizer = torch.optim.SGD(worker.parameters(), lr=0.1, momentum=0.0)
+            for step in range(outer * local, (outer + 1) * local):
+                index = ordered_batch_indices(step, rank, nodes, batch, len(x))
+                optimizer.zero_grad()
+                F.cross_entropy(worker(x[index]), y[index]).backward()
+                optimizer.step()
+            finals.append([p.detach() for p in worker.parameters()])
+        with torch.no_grad():
+            for weights, buffer, *theirs in zip(server.parameters(), momentum, *finals):
+                delta = weights - sum(theirs) / nodes
+                buffer.mul_(mu).add_(delta)
+                weights.sub_(eta * (delta + mu * buffer))
+    served = final_model(run)
+    for name, tensor in server.state_dict().items():
+        torch.testing.assert_close(served[name], tensor, rtol=0, atol=1e-5)
+    assert run.summary["server"]["optimizer"]["name"] == "nesterov"
+    assert run.summary["server"]["updates"] == steps // local
+
+
 def test_ps_sync_matches_one_process_at_n_times_the_batch(launch_run):
     nodes, batch, steps = 4, 8, 20
     run = launch_run("--mode", "ps-sync", "--steps", str(steps), "--batch-size", str(batch), *EXACT, nodes=nodes)

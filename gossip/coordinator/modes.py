@@ -22,7 +22,8 @@ updates are in flight at once, and by default ("auto") the server steps with
 
 ``--server-momentum`` and ``--server-lr`` set either explicitly (an explicit momentum still gets the matched
 learning rate unless ``--server-lr`` is given too). ps-sync uses ``--lr`` and ``--momentum`` unless they
-are given; ps-avg has no server optimizer (its workers step their own).
+are given. ps-avg's workers step their own optimizers; its server's is the outer optimizer of DiLoCo
+(``outer_optimizer``; plain averaging by default).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from gossip.config import CoordinatorConfig
-from gossip.coordinator.averaging import ParameterAverage
+from gossip.coordinator.averaging import OuterStep, ParameterAverage
 from gossip.coordinator.core import ServerCore
 from gossip.coordinator.dcasgd import DelayCompensation
 from gossip.coordinator.sgd import GradientStep
@@ -93,6 +94,26 @@ def server_optimizer(mode: str, spec: OptimizerSpec, workers: int, settings: Coo
     return ServerOptimizer(spec.name, step, mu, rule, by_version, spec.betas[1], spec.weight_decay)
 
 
+OUTER_DEFAULTS = {"sgd": (1.0, 0.0), "nesterov": (0.7, 0.9)}  # (lr, momentum): plain averaging; OpenDiLoCo's
+
+
+def outer_optimizer(settings: CoordinatorConfig) -> ServerOptimizer:
+    """ps-avg's outer optimizer (``averaging.py``) from ``--outer-optimizer``, ``--outer-lr`` and
+    ``--outer-momentum`` ("auto": ``OUTER_DEFAULTS``); constant lr, no weight decay."""
+    name = settings.outer_optimizer
+    lr, momentum = OUTER_DEFAULTS[name]
+    lr = lr if settings.outer_lr == "auto" else settings.outer_lr
+    momentum = momentum if settings.outer_momentum == "auto" else settings.outer_momentum
+    rule = "plain average of the workers' weights" if plain_average(name, lr, momentum) else \
+        "an outer step on the workers' mean change (DiLoCo)"
+    return ServerOptimizer(name, lr, momentum, rule)
+
+
+def plain_average(name: str, lr: float, momentum: float) -> bool:
+    """Outer SGD with lr 1 and no momentum sets the weights to the workers' mean."""
+    return name == "sgd" and lr == 1.0 and momentum == 0.0
+
+
 def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimizer: torch.optim.Optimizer,
                workers: int, schedule: Schedule = Schedule()) -> ServerCore:
     """The server state machine for ``mode``; the optimizer steps the model that ``flat`` flattened, its lr
@@ -100,7 +121,10 @@ def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimiz
     if mode == "ps-sync":
         return ServerCore(workers, GradientStep(flat, optimizer, schedule=schedule), batch_size=workers)
     if mode == "ps-avg":
-        return ServerCore(workers, ParameterAverage(flat), batch_size=workers)
+        outer = outer_optimizer(settings)
+        update = ParameterAverage(flat) if plain_average(outer.name, outer.lr, outer.momentum) else \
+            OuterStep(flat, optimizer)
+        return ServerCore(workers, update, batch_size=workers)
     compensation = None
     if mode == "ps-dcasgd":
         compensation = DelayCompensation(list(flat.views()), settings.dc_lambda, settings.dc_adaptive,

@@ -22,9 +22,10 @@ import torch
 from gossip import checkpoint
 from gossip.config import RunConfig
 from gossip.connect import build_transport
+from gossip.coordinator.averaging import ParameterAverage
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.mailboxes import QueueMailbox
-from gossip.coordinator.modes import SENDS_WEIGHTS, build_core, server_optimizer
+from gossip.coordinator.modes import SENDS_WEIGHTS, build_core, outer_optimizer, server_optimizer
 from gossip.device import cpu_state
 from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped, TransportError
 from gossip.flat import FlatParams
@@ -50,8 +51,8 @@ class ParameterServer:
         context = context_for(cfg, 0)
         self.task = build_task(cfg.task, context)
         self.flat = FlatParams(self.task.model, self.config.chunk_bytes)
-        self.optimizer = server_optimizer(self.config.mode, context.optimizer, self.workers, cfg.coordinator,
-                                          run_schedule(cfg))
+        self.optimizer = outer_optimizer(cfg.coordinator) if self.config.mode == "ps-avg" else \
+            server_optimizer(self.config.mode, context.optimizer, self.workers, cfg.coordinator, run_schedule(cfg))
         self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat,
                                            self.optimizer.build(self.task.model.parameters()), self.workers,
                                            self.optimizer.schedule)
@@ -71,7 +72,7 @@ class ParameterServer:
     def serve(self) -> None:
         """Answer workers until every one has said bye."""
         self.transport.start()
-        optimizer = self.optimizer.describe() if self.config.mode not in SENDS_WEIGHTS else None
+        optimizer = self.optimizer.describe() if self._steps_an_optimizer() else None
         if optimizer:
             log.info("server: %s with lr %.4g, %s %.4g (%s)", optimizer["name"], optimizer["lr"],
                      "beta1" if optimizer["name"] == "adamw" else "momentum", optimizer["momentum"], optimizer["rule"])
@@ -145,12 +146,19 @@ class ParameterServer:
         problem = model_problem(self.flat.segments)
         if problem is None:
             return
-        if self.config.mode in SENDS_WEIGHTS:
+        if not self._steps_an_optimizer():
             advice = f"lower --lr (now {self.cfg.lr:g}) or --local-steps"
+        elif self.config.mode in SENDS_WEIGHTS:
+            advice = (f"lower --lr (now {self.cfg.lr:g}), --local-steps or --outer-lr (now {self.optimizer.lr:.4g}, "
+                      f"momentum {self.optimizer.momentum:.4g})")
         else:
             advice = (f"lower --lr (now {self.cfg.lr:g}; the server stepped with peak lr {self.optimizer.lr:.4g}, "
                       f"momentum {self.optimizer.momentum:.4g}) or set --server-lr")
         raise Diverged(f"the server's model diverged at version {version}: {problem}; {advice}")
+
+    def _steps_an_optimizer(self) -> bool:
+        """Every gradient mode, and ps-avg with an outer optimizer; plain averaging has none."""
+        return not isinstance(self.core.update, ParameterAverage)
 
     def _plausible(self, message: Message) -> bool:
         """A worker waits for our answer before its next contribution, and cannot have computed on a
