@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from launch.events import read_events
 from tests.conftest import ROOT, reap_peers, start_launcher, wait_until
@@ -53,6 +54,30 @@ def test_a_killed_parameter_server_resumes_from_its_checkpoint(tmp_path):
     rejoins = [e.get("rejoins", 0) for rank in range(3) for e in read_events(out / f"peer-{rank}.jsonl")
                if e["event"] == "end"]
     assert sum(rejoins) >= 1  # workers found the restarted server by saying hello again
+
+
+def test_a_killed_diloco_server_resumes_with_its_outer_momentum(tmp_path):
+    """ps-avg with outer Nesterov: the server's checkpoint holds the outer momentum, and the restarted server
+    loads it (past the checks that the optimizer state fits) and trains on."""
+    out = tmp_path / "run"
+    launcher = start_launcher(out, 3, "--mode", "ps-avg", "--outer-optimizer", "nesterov", "--local-steps", "5",
+                              "--steps", "300", "--compute-ms", "10", "--checkpoint-every", "5", "--max-restarts",
+                              "1", "--round-timeout", "3")
+
+    def fault() -> None:
+        wait_until(lambda: any(e["event"] == "update" and e["version"] >= 21
+                               for e in read_events(out / "server.jsonl")), 90, "the server's update to version 21")
+        os.kill(json.loads((out / "peers.json").read_text())[-1]["pid"], signal.SIGKILL)
+
+    stdout, stderr = run_to_end(launcher, out, fault)
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "restarted it with --resume (1 of 1)" in stderr
+    resumed = [e for e in read_events(out / "server.jsonl") if e["event"] == "resume"]
+    assert resumed and resumed[0]["found"] and resumed[0]["version"] >= 20 and resumed[0]["version"] % 5 == 0
+    saved = torch.load(out / "checkpoint-server.pt", weights_only=True)["core"]["update"]["optimizer"]
+    assert saved["state"] and all("momentum_buffer" in entry for entry in saved["state"].values())
+    assert saved["param_groups"][0]["nesterov"] and saved["param_groups"][0]["momentum"] == 0.9
+    assert json.loads((out / "summary.json").read_text())["final_model"]["accuracy"] >= 0.85
 
 
 def test_a_worker_that_dies_in_ps_sync_is_named_after_the_timeout(tmp_path):
