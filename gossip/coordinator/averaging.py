@@ -72,5 +72,5 @@ class OuterStep:
         return {"optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        if "optimizer" in state:  # a checkpoint of plain averaging has no momentum: start from none
-            self.optimizer.load_state_dict(state["optimizer"])
+        """The outer momentum (the server checked that the saved state fits this optimizer)."""
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -28,7 +28,7 @@ are given. ps-avg's workers step their own optimizers; its server's is the outer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -58,6 +58,11 @@ class ServerOptimizer:
     def build(self, parameters) -> torch.optim.Optimizer:
         return OptimizerSpec(self.name, self.lr, self.momentum, (self.momentum, self.beta2),
                              self.weight_decay).build(parameters)
+
+    @property
+    def averages_only(self) -> bool:
+        """Outer SGD with lr 1 and no momentum: ps-avg's server sets the weights to the workers' mean."""
+        return self.name == "sgd" and self.lr == 1.0 and self.momentum == 0.0
 
     def describe(self) -> dict:
         """What the server's ``ready`` event and the summary show."""
@@ -104,14 +109,8 @@ def outer_optimizer(settings: CoordinatorConfig) -> ServerOptimizer:
     lr, momentum = OUTER_DEFAULTS[name]
     lr = lr if settings.outer_lr == "auto" else settings.outer_lr
     momentum = momentum if settings.outer_momentum == "auto" else settings.outer_momentum
-    rule = "plain average of the workers' weights" if plain_average(name, lr, momentum) else \
-        "an outer step on the workers' mean change (DiLoCo)"
-    return ServerOptimizer(name, lr, momentum, rule)
-
-
-def plain_average(name: str, lr: float, momentum: float) -> bool:
-    """Outer SGD with lr 1 and no momentum sets the weights to the workers' mean."""
-    return name == "sgd" and lr == 1.0 and momentum == 0.0
+    outer = ServerOptimizer(name, lr, momentum, "an outer step on the workers' mean change (DiLoCo)")
+    return replace(outer, rule="plain average of the workers' weights") if outer.averages_only else outer
 
 
 def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimizer: torch.optim.Optimizer,
@@ -121,9 +120,7 @@ def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimiz
     if mode == "ps-sync":
         return ServerCore(workers, GradientStep(flat, optimizer, schedule=schedule), batch_size=workers)
     if mode == "ps-avg":
-        outer = outer_optimizer(settings)
-        update = ParameterAverage(flat) if plain_average(outer.name, outer.lr, outer.momentum) else \
-            OuterStep(flat, optimizer)
+        update = ParameterAverage(flat) if outer_optimizer(settings).averages_only else OuterStep(flat, optimizer)
         return ServerCore(workers, update, batch_size=workers)
     compensation = None
     if mode == "ps-dcasgd":
