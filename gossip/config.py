@@ -23,6 +23,7 @@ import topologies
 from gossip.errors import ConfigError
 from gossip.partition import parse_partition
 from gossip.recipes import OPTIMIZER_DEFAULTS, RECIPES, recipe
+from gossip.net.wire import MAX_PROGRESS_PEERS
 from gossip.net.address import bindable, check_host, parse_hosts, split_endpoint
 
 GOSSIP_MODES = ("gossip-sync", "gossip-async")
@@ -30,6 +31,8 @@ PS_MODES = ("ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")  # a paramet
 MODES = GOSSIP_MODES + PS_MODES
 DERIVED_FIELDS = frozenset({"max_rounds", "max_steps", "max_weight"})  # GossipConfig fields RunConfig computes
 STALENESS_WEIGHTS = ("none", "inverse", "exp")
+RATE_COMPENSATION = ("on", "off")  # asynchronous modes: every peer's data counts alike, or by its rate
+SWARM_BUDGET_MODES = ("gossip-async", "ps-async", "ps-ssp", "ps-dcasgd")  # end on the swarm's steps, not each peer's
 ASYNC_RULES = ("push-sum", "latest")  # gossip-async: gossip/averagers/pushsum.py, gossip/averagers/asynchronous.py
 SCHEDULES = ("steps", "time")
 WEIGHT_BY = ("none", "samples")
@@ -90,6 +93,7 @@ class GossipConfig:
     staleness_weight: str = "none"  # f(tau) = 1 (none), 1/(1+tau) (inverse), exp(-tau/T)
     staleness_temperature: float = 4.0
     max_staleness: int = 20
+    rate_compensation: str = "on"  # asynchronous modes: a step or gradient counts by rbar / r_i (gossip/progress.py)
     aggregate: str = "mean"
     trim_fraction: float = 0.2
     byzantine: tuple[int, ...] = ()
@@ -122,6 +126,7 @@ class GossipConfig:
                 f"unknown staleness weight {self.staleness_weight!r}; choose one of: {', '.join(STALENESS_WEIGHTS)}"
             )
         _check_choice(self, "async_rule", ASYNC_RULES)
+        _check_choice(self, "rate_compensation", RATE_COMPENSATION)
         if self.async_rule == "push-sum" and self.mode == "gossip-async" and self.staleness_weight != "none":
             raise ConfigError(f"--staleness-weight {self.staleness_weight} weights held snapshots by age, which "
                               "push-sum has none of (each message is mixed once, when it arrives); add "
@@ -358,6 +363,13 @@ class RunConfig:
                               "optimizers with --lr and --momentum" +
                               ("; ps-avg's server steps with --outer-lr and --outer-momentum)"
                                if self.gossip.mode == "ps-avg" else ")"))
+        if self.gossip.rate_compensation != "on" and self.gossip.mode not in SWARM_BUDGET_MODES:
+            raise ConfigError(f"--rate-compensation {self.gossip.rate_compensation} sets how an asynchronous mode "
+                              f"counts a peer's steps by its rate; --mode {self.gossip.mode} is synchronous (every "
+                              f"peer counts alike): use one of {', '.join(SWARM_BUDGET_MODES)}, or drop the flag")
+        if self.gossip.mode == "gossip-async" and self.nodes > MAX_PROGRESS_PEERS:
+            raise ConfigError(f"gossip-async carries every peer's step count in each message: at most "
+                              f"{MAX_PROGRESS_PEERS} peers, got {self.nodes}; use gossip-sync for more")
         _check_int(self, "rounds", minimum=0)
         if self.max_restarts and self.gossip.compress != "none":
             raise ConfigError(f"--max-restarts cannot be combined with --compress {self.gossip.compress}: a restarted "
@@ -382,7 +394,17 @@ class RunConfig:
         weight = float(self.nodes)
         if self.gossip.weight_by == "samples":
             weight = float(self.nodes * self.batch_size * self.gossip.gossip_every) if by_steps else 0.0
-        return {"max_rounds": self.total_rounds, "max_steps": self.steps if by_steps else 0, "max_weight": weight}
+        # a swarm-wide budget lets one peer do all the swarm's steps (the others died, or are that much slower)
+        share = self.nodes if self.swarm_budget else 1
+        return {"max_rounds": self.total_rounds * share, "max_steps": self.steps * share if by_steps else 0,
+                "max_weight": weight}
+
+    @property
+    def swarm_budget(self) -> bool:
+        """The run ends once the swarm has done ``nodes * steps`` steps (or gradients), not as each peer has
+        done ``steps``: the asynchronous modes under schedule "steps" (``gossip/progress.py``; the server
+        counts gradients)."""
+        return self.gossip.mode in SWARM_BUDGET_MODES and self.gossip.schedule == "steps"
 
     @property
     def total_rounds(self) -> int:

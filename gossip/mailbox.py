@@ -21,6 +21,7 @@ import torch
 
 from gossip.errors import PeerTimeout, ProtocolError, TransportError
 from gossip.net.wire import Header, Layout, Message, decode
+from gossip.progress import SwarmProgress
 from gossip.signals import raise_if_signalled
 
 CONFIRM_SECONDS = 1.0  # a second hello waits this long for the drop of our link that proves a restart
@@ -53,6 +54,7 @@ class Mailbox:
         self._blind = 0  # waiters blocked without a registered predicate (woken by every delivery)
         self._heard: set[int] = set()  # senders we have had any message from
         self.reported: dict[int, Header] = {}  # sender -> the header of its latest message (speed, pace)
+        self.progress: SwarmProgress | None = None  # gossip-async: every peer's latest step, merged on arrival
         # Liveness (gossip modes): see ``link``, ``dead`` and ``take_restarted``.
         self.peer_timeout = 3.0
         self.clock = time.monotonic  # liveness's clock (a test advances its own instead of sleeping)
@@ -104,6 +106,8 @@ class Mailbox:
                     self.reported[sender] = message.header
                     if self.keep_first and sender in self.first and message.chunks:
                         self._first_models.setdefault(sender, [c.clone() for c in message.chunks])
+            if self.progress is not None and message.header.progress:  # (a bye's too: the end spreads with it)
+                self.progress.merge(message.header.progress)
             self._heard.add(sender)
             if self._blind or not self._waiting or not all(missing() for missing in self._waiting):
                 self._cond.notify_all()
@@ -119,6 +123,9 @@ class Mailbox:
                                            f"{self.max_rounds}")
         if self.max_steps and header.step > self.max_steps:
             raise ProtocolError("horizon", f"peer {sender} names step {header.step}; the run has {self.max_steps}")
+        if self.max_steps and header.progress and max(header.progress) > self.max_steps:
+            raise ProtocolError("horizon", f"peer {sender} reports a peer at step {max(header.progress)}; the run "
+                                           f"has {self.max_steps}")
 
     def _hello_again(self, sender: int, connection: int | None) -> None:
         """A second hello (lock held). A new incarnation is a new process: its hello comes over a new

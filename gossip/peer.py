@@ -1,6 +1,7 @@
 """One peer process: ``python -m gossip.peer RUN_DIR/config.json --rank R``.
 
-Builds the task, attaches an averager, trains for ``steps`` local steps, or under ``--schedule time`` for
+Builds the task, attaches an averager, trains for ``steps`` local steps (in the asynchronous modes until
+the swarm has done ``steps`` per peer on average, ``Averager.done``), or under ``--schedule time`` for
 ``rounds`` rounds (with the emulated accelerator time and speed of ``--compute-ms``/``--speeds``), logs
 events to ``peer-<rank>.jsonl`` and leaves ``model-<rank>.pt`` and ``trace-<rank>.npz`` (sampled weights
 and push-sum weight per round, for the consensus distance and the drift of the mean).
@@ -45,7 +46,7 @@ log = logging.getLogger("gossip.peer")
 MAX_TRACE_RECORDS = 200
 MAX_TRACE_VALUES = 1 << 21  # per peer, over all records: 8 MB of float32 (a 0.44 M-parameter charlm: 10,000 coordinates)
 STEP_EXTRAS = ("staleness", "last_mix", "last_mixed_rounds", "weight", "deadline_misses",
-               "stragglers")  # mode-specific step fields
+               "stragglers", "swarm_steps", "rate_factor")  # mode-specific step fields
 
 
 class Trace:
@@ -77,6 +78,12 @@ class Trace:
         self.rounds.append(round)
         self.values.append(whole[self.index].numpy().astype(np.float64 if self.float64 else np.float32))
         self.weights.append(getattr(self.averager, "weight", 1.0))  # push-sum weight (sync), else 1
+        if len(self.rounds) > MAX_TRACE_RECORDS + 2:  # more rounds than planned (a swarm-wide budget): thin out
+            self.every *= 2
+            kept = [i for i, r in enumerate(self.rounds) if r % self.every == 0 or i == len(self.rounds) - 1]
+            self.rounds = [self.rounds[i] for i in kept]
+            self.values = [self.values[i] for i in kept]
+            self.weights = [self.weights[i] for i in kept]
 
     def save(self, path: Path) -> None:
         np.savez(path, rounds=np.array(self.rounds), values=np.stack(self.values), index=self.index.numpy(),
@@ -174,7 +181,7 @@ def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool =
     trace.record(averager.rounds, final=True)  # round 0, or the round a restarted peer rejoined in
     try:
         with averager:
-            train(cfg, task, averager, trace, events, out)
+            last_step_began, trained_until = train(cfg, task, averager, trace, events, out)
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc), **averager.statistics())
         raise
@@ -182,25 +189,32 @@ def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool =
     metrics = task.evaluate()
     torch.save(cpu_state(task.model), out / f"model-{rank}.pt")
     trace.save(out / f"trace-{rank}.npz")
-    events.write("end", wall_seconds=time.time() - started, test=metrics, **averager.statistics())
+    events.write("end", wall_seconds=time.time() - started, test=metrics, last_step_began=last_step_began,
+                 trained_until=trained_until, **averager.statistics())
     events.close()
 
 
-def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: EventLog, out: Path) -> None:
+def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: EventLog, out: Path
+          ) -> tuple[float | None, float]:
+    """The training loop; returns when (wall clock) its last step began (None: it took none) and when it
+    ended. It ends after ``--rounds`` mixing points (schedule "time"), or when the averager says a run of
+    ``--steps`` is over (``Averager.done``: our own steps, or in the asynchronous modes the swarm's)."""
     slowdown = 1.0 / cfg.speed(averager.rank) - 1.0
     emulated = cfg.compute_ms / 1000.0 / cfg.speed(averager.rank)
     by_time = cfg.gossip.schedule == "time"
     schedule = run_schedule(cfg)  # by our own step
     step = averager.local_step  # 0, or where a restarted peer rejoined
-    while (averager.mixing_points < cfg.rounds) if by_time else (step < cfg.steps):
+    last_step_began = None
+    while (averager.mixing_points < cfg.rounds) if by_time else not averager.done(cfg.steps):
         raise_if_signalled()
         step += 1
+        last_step_began = time.time()
         begin = time.perf_counter()
         if averager.sends_gradients:  # the server steps (with its own schedule, by version)
             loss = task.compute_gradients()
         else:
-            if task.trains and not schedule.trivial:
-                schedule.apply(task.optimizer, step)
+            if task.trains and not schedule.trivial:  # by our step, or the swarm's (Averager.schedule_step)
+                schedule.apply(task.optimizer, averager.schedule_step() + 1)
             loss = task.train_step()
         computed = time.perf_counter() - begin
         pause = emulated + computed * slowdown  # a peer at speed s takes 1/s as long per step
@@ -222,6 +236,7 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
             events.write("eval", step=step, round=averager.rounds, **task.evaluate())
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoint(out, task, averager, events)
+    return last_step_began, time.time()
 
 
 def _die_with_parent() -> None:

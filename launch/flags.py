@@ -54,7 +54,10 @@ TABLE: list[Flag] = [
     Flag("--mode", "mode", RUN, "averaging mode: " + ", ".join(MODES)),
     Flag("--task", "task", RUN, "digits, digits-wide, mnist, charlm (a character-level transformer), consensus, or "
                                 "package.module:function (see gossip.tasks)"),
-    Flag("--steps", "steps", RUN, "local training steps per peer (auto: digits 300, charlm 1000)"),
+    Flag("--steps", "steps", RUN, "training steps per peer (auto: digits 300, charlm 1000); the synchronous modes "
+                                  "do exactly that many on every peer, the asynchronous ones (gossip-async, ps-async, "
+                                  "ps-ssp, ps-dcasgd) stop together once the swarm did N x --steps in all, a fast "
+                                  "peer more and a slow one fewer"),
     Flag("--out", "out", RUN, "output directory (default: runs/<date-time>)"),
     Flag("--seed", "seed", RUN, "seed of model init, shards, batches and random topologies"),
     Flag("--threads-per-peer", "threads_per_peer", RUN, "torch threads in each peer process"),
@@ -151,6 +154,12 @@ TABLE: list[Flag] = [
                                               "learning rate) or latest (each neighbour's latest snapshot mixed at "
                                               "every step, renormalised, weighted by age with --staleness-weight; "
                                               "does not keep the mean)"),
+    Flag("--rate-compensation", "rate_compensation", ASYNC, "gossip-async, ps-async, ps-ssp, ps-dcasgd: on (default) "
+                                                            "counts a peer's steps (gossip) or gradients (server) "
+                                                            "by rbar / r_i, its rate relative to the mean, so every "
+                                                            "peer's data counts alike and the model minimises the "
+                                                            "mean of the peers' objectives; off lets a peer twice "
+                                                            "as fast count twice (rate-weighted)"),
     Flag("--staleness-weight", "staleness_weight", ASYNC, "--async-rule latest: weight f(tau) of a snapshot tau "
                                                           "own steps old: " + ", ".join(STALENESS_WEIGHTS)),
     Flag("--max-staleness", "max_staleness", ASYNC, "--async-rule latest ignores snapshots older than this many "

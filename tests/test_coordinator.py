@@ -35,6 +35,9 @@ class Recorder:
     def sent(self, worker: int) -> None:
         self.sent_to.append(worker)
 
+    def left(self, worker: int) -> None:
+        pass
+
 
 def contribution(worker: int, version: int, clock: int, chunks=None) -> Contribution:
     return Contribution(worker, version, clock, chunks if chunks is not None else [torch.zeros(1)])

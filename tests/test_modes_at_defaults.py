@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from gossip.config import GOSSIP_MODES, PS_MODES
+from gossip.config import GOSSIP_MODES, PS_MODES, SWARM_BUDGET_MODES
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -20,7 +20,12 @@ def test_every_mode_trains_digits_at_its_defaults(launch_run, mode):
     summary = run.summary
     assert summary["error"] is None and math.isfinite(summary["final_model"]["loss"])
     assert summary["accuracy"] >= 0.92, (mode, summary["accuracy"])
-    assert all(p["steps"] == 300 for p in summary["peers"])
+    steps = [p["steps"] for p in summary["peers"]]
+    if mode in SWARM_BUDGET_MODES:  # they end together on the swarm's 4 x 300 steps: the server's count is
+        # exact (a worker's last gradient may go spare); a gossip peer's knows the others' steps a little late
+        assert 4 * 300 - 4 <= sum(steps) <= (1.25 if mode == "gossip-async" else 1) * 4 * 300 + 4, steps
+    else:
+        assert steps == [300] * 4
 
 
 @pytest.mark.parametrize("flags", [("--mode", "gossip-sync"), ("--mode", "gossip-async"), ("--compress", "int8")])

@@ -84,17 +84,17 @@ def test_async_with_a_slow_peer_finishes_and_logs_staleness(launch_run):
     run = launch_run("--mode", "gossip-async", "--async-rule", "latest", "--speeds", "1,1,1,0.3", "--steps", "150",
                      "--compute-ms", "2", "--staleness-weight", "inverse", nodes=4)
     summary = run.summary
-    assert all(p["steps"] == 150 for p in summary["peers"])
+    steps = [p["steps"] for p in summary["peers"]]  # the swarm's 4 x 150: the slow peer does fewer
+    assert 4 * 150 - 4 <= sum(steps) <= 4 * 150 + 16 and steps[3] < 150 < min(steps[:3]), steps
     histograms = [p["staleness"] for p in summary["peers"]]
     assert all(h for h in histograms), histograms  # every peer mixed something and logged its staleness
     # The slow peer's neighbours see its snapshots grow stale between its sends.
     assert max(int(tau) for tau in histograms[0]) >= 2
     logged = [e for e in run.events(0) if e["event"] == "step" and e.get("staleness")]
     assert logged, "step events carry the staleness histogram"
-    # The slow peer ends last: its neighbours said bye with their final models, which it mixes to its last
-    # step (no staler than when the bye came) instead of training its last ~100 steps alone.
+    # The slow peer mixed its neighbours' models up to its last step (it ends with them, not alone).
     last = [e for e in run.events(3) if e["event"] == "step" and e["mixed"]][-1]
-    assert last["step"] == 150 and {"0", "2"} <= last["last_mix"].keys(), last
+    assert last["step"] == steps[3] and {"0", "2"} <= last["last_mix"].keys(), last
     assert next(e for e in run.events(3) if e["event"] == "end")["dead_neighbours"] == []
     assert summary["mean_test_accuracy"] >= 0.85
 

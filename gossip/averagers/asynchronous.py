@@ -8,6 +8,12 @@ Sends keep only the newest unsent snapshot per neighbour, so a slow link or a de
 A neighbour declared dead (``peer_timeout`` after its connection dropped) no longer counts in the mix (the
 others' weights are renormalised, as for a snapshot that is too stale); restarted, it is welcomed back.
 
+Rate compensation (``--rate-compensation on``, the default): before each mix the progress since the last
+one is scaled by rbar / r_i (``gossip/progress.py``), so a slow peer's steps count as much per unit of time
+as a fast one's. This rule's mix is not doubly stochastic (renormalised staleness weights), so it keeps
+no network mean and its fixed point is only near the mean of the peers' objectives; push-sum's is exact.
+Every peer stops once the swarm has done ``--steps`` steps per peer on average.
+
 A peer that finishes sends its final model and then "bye" with that model's step; a neighbour still
 training holds it as finished: its tau stops growing, and the sender, whose connection then drops, is not
 declared dead. So a peer that ends later than its neighbours (slower, or restarted) keeps mixing their
@@ -47,6 +53,7 @@ class AsyncGossip(GossipAverager):
         # The coefficients of the latest mix, {"self": a, "<j>": [tau_j, W_ij, c_j]}, for the step log.
         self.last_mix: dict[str, object] = {}
         self._sent_step = -1  # the local step of the last snapshot we sent
+        self._after_mix: list | None = None  # the model our last mix left (rate compensation scales from it)
 
     def _close_flush_seconds(self) -> float:
         # Snapshots are best effort, and a neighbour that already finished would never take ours; but a
@@ -74,10 +81,23 @@ class AsyncGossip(GossipAverager):
 
     def _gossip(self) -> None:
         self._prune_dead()
+        self._scale_progress()
         snapshot = self._mix_latest()
+        if snapshot is None:
+            snapshot = self.flat.snapshot()
         self.rounds += 1
         self._send_snapshot(self.rounds, latest_only=True, snapshot=snapshot)
         self._sent_step = self.local_step
+        self._after_mix = snapshot if self.config.rate_compensation == "on" else None
+
+    def _scale_progress(self) -> None:
+        """Rate compensation: x <- s + c (x - s), the progress since our last mix (s, the model it left)
+        scaled by c = rbar / r_i (``gossip/progress.py``), one fused pass."""
+        factor = self._rate_factor()
+        if factor != 1.0 and self._after_mix is not None:
+            with self._timed_mix():
+                self.flat.combine_([(factor - 1.0, list(self.flat.views())), (1.0 - factor, self._after_mix)],
+                                   snapshot=False)
 
     def _finish(self) -> None:
         """Send our final model (unless the last snapshot was it), then "bye" with its step: a neighbour
@@ -86,10 +106,12 @@ class AsyncGossip(GossipAverager):
         if self.config.world_size < 2:
             return
         if self._sent_step != self.local_step:
+            self._scale_progress()
             self._send_snapshot(self.rounds, latest_only=True)
             self._sent_step = self.local_step
         dests = self._live_out_neighbours(self.rounds)
-        bye = Header(kind="bye", sender=self.rank, round=self.rounds, step=self.local_step)
+        bye = Header(kind="bye", sender=self.rank, round=self.rounds, step=self.local_step,
+                     progress=self.progress.vector() if self.progress is not None else ())
         try:
             self.transport.post(dests, encode(bye), latest_only=False, timeout=self.config.send_timeout)
         except PeerTimeout:  # a neighbour that takes nothing more: it ages our snapshot out as before

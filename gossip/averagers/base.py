@@ -34,6 +34,7 @@ from gossip.connect import build_transport
 from gossip.flat import FlatParams
 from gossip.mailbox import Mailbox
 from gossip.metrics import SpeedMeter
+from gossip.progress import SwarmProgress
 
 log = logging.getLogger("gossip.averager")
 
@@ -42,6 +43,7 @@ class Averager(ABC):
     """Averages one model's flat parameters with neighbours; use as a context manager or ``close()``."""
 
     sends_gradients = False  # True for parameter-server workers that send gradients instead of stepping
+    progress: SwarmProgress | None = None  # gossip-async: the swarm's steps as we know them (gossip/progress.py)
 
     def __init__(self, flat: FlatParams, config: GossipConfig) -> None:
         self.flat = flat
@@ -104,6 +106,8 @@ class Averager(ABC):
             self._greet()
         else:
             self.local_step = self.mailbox.local_step = int(resume.get("step", 0))
+            if self.progress is not None:
+                self.progress.advance(self.local_step)
             self.rounds = self.mixing_points = int(resume.get("rounds", 0))
             self.samples = int(resume.get("samples", 0))
             self._mixed_at = (self.local_step, self.samples)
@@ -124,11 +128,15 @@ class Averager(ABC):
         self.local_step += 1
         self.samples += samples
         self.mailbox.local_step = self.local_step
+        if self.progress is not None:
+            self.progress.advance(self.local_step)
         self.speed.tick(samples, waited=self.wait_seconds - self._waited_at_tick)
         self._waited_at_tick = self.wait_seconds
         if not self._due():
             return False
         self.speed.round_done(time.monotonic() - self._round_began)
+        if self.progress is not None:
+            self.progress.note(time.monotonic())
         waited = self.wait_seconds
         if self.config.world_size > 1 or self.config.parameter_server:  # alone, a mixing point only counts
             self._gossip()
@@ -139,6 +147,17 @@ class Averager(ABC):
         self._mixed_at = (self.local_step, self.samples)
         self._round_began = time.monotonic()
         return True
+
+    def done(self, steps: int) -> bool:
+        """Whether a run of ``steps`` local steps per peer is over for us: by default once we did them; in the
+        asynchronous modes once the whole swarm did ``steps`` each on average (``gossip/progress.py``), or
+        the parameter server said so."""
+        return self.local_step >= steps
+
+    def schedule_step(self) -> int:
+        """Where a learning-rate schedule written over ``--steps`` steps is: at our own step, or in the
+        asynchronous gossip mode at the average peer's."""
+        return self.local_step
 
     def _represented_since_mix(self) -> int:
         """Samples trained since the last mixing point, or local steps when the task counts no samples."""

@@ -11,6 +11,8 @@ exchange with and rejoins where their welcomes say the others are (``_rejoin_gos
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 import topologies
@@ -19,6 +21,11 @@ from gossip.config import GossipConfig
 from gossip.flat import FlatParams
 from gossip.net.transport import Delivery
 from gossip.net.wire import Header, encode, params_header
+from gossip.progress import SwarmProgress
+
+
+PAUSE_BOUND = 2.0  # rate compensation credits a step at most this many times our usual step's time
+USUAL_SMOOTHING = 0.1
 
 
 class GossipAverager(Averager):
@@ -29,6 +36,39 @@ class GossipAverager(Averager):
         self.dead: set[int] = set()  # neighbours declared dead and not back
         self.deaths = self.readmitted = 0  # neighbours declared dead / re-admitted after a restart
         super().__init__(flat, config)
+        if config.mode == "gossip-async":  # the swarm-wide end and the rate compensation (gossip/progress.py)
+            self.progress = self.mailbox.progress = SwarmProgress(config.world_size, self.rank)
+        self.rate_factor = 1.0  # what the latest progress counted (rate compensation)
+        self._credited_at: float | None = None  # when it was credited (time.monotonic)
+        self._usual_step: float | None = None  # moving average of the credited seconds per step
+
+    def done(self, steps: int) -> bool:
+        if self.progress is None:
+            return super().done(steps)
+        return (self.progress.spent(steps, within=self.speed.step_seconds)
+                or (bool(self.config.max_steps) and self.local_step >= self.config.max_steps))
+
+    def schedule_step(self) -> int:
+        return self.local_step if self.progress is None else self.progress.mean_step()
+
+    def _rate_factor(self) -> float:
+        """At a mixing point: how much the progress since the last one counts, the seconds it took times the
+        swarm's mean rate per step (``gossip/progress.py``: rbar / r_i) with rate compensation, else 1."""
+        if self.progress is None or self.config.rate_compensation != "on":
+            return 1.0
+        steps = self.local_step - self._mixed_at[0]
+        if not steps:
+            return 1.0
+        # the whole cycle since the last credit, its mix included: the time in which this progress was made;
+        # a pause beyond PAUSE_BOUND times our usual step (the others finishing and saving on a shared CPU)
+        # is not credited: it would make one late step count many times over
+        now = time.monotonic()
+        seconds, self._credited_at = now - (self._credited_at or self._round_began), now
+        usual = self._usual_step or seconds / steps
+        seconds = min(seconds, PAUSE_BOUND * usual * steps)
+        self._usual_step = usual + USUAL_SMOOTHING * (seconds / steps - usual)
+        self.rate_factor = self.progress.rate_factor(seconds, steps)
+        return self.rate_factor
 
     def _hello_peers(self) -> tuple[int, ...]:
         return self.topology.neighbors(self.rank, 0) if self.config.world_size > 1 else ()
@@ -98,8 +138,10 @@ class GossipAverager(Averager):
                         "its weights renormalised over the others", self.rank, peer, self.config.peer_timeout)
 
     def statistics(self) -> dict:
+        swarm = {} if self.progress is None else {"swarm_steps": self.progress.total,
+                                                  "rate_factor": self.rate_factor}
         return {**super().statistics(), "dead_neighbours": sorted(self.dead), "deaths": self.deaths,
-                "readmitted": self.readmitted, "link_drops": self.mailbox.link_drops()}
+                "readmitted": self.readmitted, "link_drops": self.mailbox.link_drops(), **swarm}
 
     def _send_snapshot(self, round: int, *, latest_only: bool, snapshot: list | None = None, weight: float = 1.0,
                        track: bool = False) -> Delivery | None:
@@ -124,7 +166,8 @@ class GossipAverager(Averager):
         """The header of a message of ours with a payload: our counters, pace and layout."""
         return params_header(kind, self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
                              step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second,
-                             step_seconds=self.speed.step_seconds, weight=weight)
+                             step_seconds=self.speed.step_seconds, weight=weight,
+                             progress=self.progress.vector() if self.progress is not None else ())
 
     def _live_out_neighbours(self, round: int) -> list[int]:
         """Whom we send to in ``round``: its out-neighbours not declared dead."""

@@ -26,7 +26,7 @@ a later mixing point, whenever it comes.
 - **Credit: every step counts 1/N.** c = 1, as in SGP, whose optimizer steps the numerator (x_i -= lr g):
   the network's mass moves by exactly the sum of all the peers' steps however messages and steps
   interleave, so the weighted mean moves by lr times the mean gradient per step (tested to 1e-9, with equal
-  speeds and with a peer four times slower). Crediting the snapshot's weight w_i^s instead, exact in
+  speeds and with a peer four times slower); with rate compensation (the default) c = rbar / r_i, below. Crediting the snapshot's weight w_i^s instead, exact in
   lockstep, over-credits here: a receiver can mix our pushed share (and credit it to its own next step)
   before our step ends; on a constant gradient the mean moved 1.24x the learning rate. The price of c = 1
   is SGP's: in z a step counts 1 / w_i, more for a light peer, less for a heavy one. It is bounded:
@@ -36,11 +36,17 @@ a later mixing point, whenever it comes.
   of the slower end, so a slow peer's weight stays near a fast one's and its snapshots are mixed once each,
   not once per step of the faster neighbours. (A window of 2 contracted a little faster with equal speeds,
   0.75-0.76 per step against 0.78-0.80 on a ring of 8 whose second eigenvalue is 0.80, but let mass pile
-  up at a 4x slower peer: weight 2.8 at the end of the straggler benchmark, against 1.6.) Each step counts
-  1/N, so a peer taking twice the steps contributes twice the gradients, as with an asynchronous parameter
-  server. Assran & Rabbat's rate compensation (scaling a peer's steps by its rate) would make each peer's
-  data count equally instead; with shards drawn from one data set it is not needed, and it is not done.
-- **The end.** A peer that has done its steps says "bye" to every peer it may have sent to, naming the
+  up at a 4x slower peer: weight 2.8 at the end of the straggler benchmark, against 1.6.) With c = 1 a peer
+  taking twice the steps would contribute twice the gradients, and the run would minimise a rate-weighted
+  mean of the peers' objectives. Rate compensation (Assran & Rabbat's; ``--rate-compensation on``, the
+  default) credits each step with c = rbar / r_i, the swarm's mean progress per own step
+  (``gossip/progress.py``), so every peer's data moves the network's mass alike per unit of time and the
+  fixed point is the minimiser of the plain mean. Only the ratios between peers matter: scaling every c
+  alike changes the step size, not where it leads. (Scaling the step itself, x_i -= lr w_i g, a plain step
+  on z, would need no rates without flow control, by a balance of mass, but flow control skews that
+  balance: ``bench/rate_fairness.py``.)
+- **The end.** Every peer stops once the swarm has done ``--steps`` steps per peer on average
+  (``gossip/progress.py``), so all stop within about a step of each other whatever their speeds. It says "bye" to every peer it may have sent to, naming the
   number of rounds it sent that peer (one past the last), and drains: it waits until every in-neighbour
   said bye and its last message is in, mixing everything that arrives. A peer still training answers a
   bye with a "bye-ack" at its next mixing point and sends nothing more there (its share stays with it), so
@@ -74,6 +80,7 @@ class AsyncPushSum(SyncGossip):
         self.flow = FlowWindow(FLOW_WINDOW)
         self._said_bye: set[int] = set()  # peers told we send them nothing more (they finished, or we did)
         self.credit_bounded = 0  # mixing points whose progress was credited with less than 1 (_credit)
+        self.credited_steps = 0.0  # the steps our progress moved the network's mass by: sum of credit x steps
 
     @property
     def adaptive(self) -> bool:  # (the mass mailbox, mass carried between mixing points, no anchored rounds)
@@ -95,8 +102,9 @@ class AsyncPushSum(SyncGossip):
             # it finished: we send it nothing more
             self._say_bye(peer, "bye-ack")
         snapshot = self._complete_round(take_snapshot=True, final=False)
-        if snapshot is None:  # the first mixing point
+        if snapshot is None:  # the first mixing point: the steps so far go out with our whole mass, w = 1
             snapshot = self.flat.snapshot()
+            self.credited_steps += self.weight * (self.local_step - self._mixed_at[0])
         round = self.rounds
         dests = [k for k in self._live_out_neighbours(round) if k not in self.mailbox.bye_rounds]  # (finished)
         heard = {k: self.mailbox.received[k] for k in dests}  # (before sending: what arrives later is newer)
@@ -120,13 +128,16 @@ class AsyncPushSum(SyncGossip):
 
     def _credit(self, own_weight: float, total: float) -> float:
         """Every step is credited with mass 1, whatever our weight, as SGP steps x_i -= lr g: the network's
-        mass then moves by exactly the sum of all peers' steps, however messages and steps interleave. In z
-        that step counts 1 / w_i; at most ``CREDIT_BOUND`` times, so a peer whose weight fell far below 1
-        takes bounded steps (and its credit, CREDIT_BOUND w_i, is then short of 1)."""
-        if CREDIT_BOUND * total < 1.0:
+        mass then moves by exactly the sum of all peers' steps, however messages and steps interleave; with
+        rate compensation, by rbar / r_i instead (``gossip/progress.py``), so that every peer's steps move it
+        alike per unit of time. In z that step counts credit / w_i; at most ``CREDIT_BOUND`` times, so a peer
+        whose weight fell far below its credit takes bounded steps (its credit is then CREDIT_BOUND w_i)."""
+        credit = self._rate_factor()
+        if CREDIT_BOUND * total < credit:
             self.credit_bounded += 1
-            return CREDIT_BOUND * total
-        return 1.0
+            credit = CREDIT_BOUND * total
+        self.credited_steps += credit * (self.local_step - self._mixed_at[0])
+        return credit
 
     def _answers_us(self, dest: int, round: int) -> bool:
         return dest in self.topology.in_neighbors(self.rank, round)
@@ -155,7 +166,8 @@ class AsyncPushSum(SyncGossip):
         finished ("bye"), or it did ("bye-ack": its drain ends as soon as our last message is in, while we
         train on)."""
         self._said_bye.add(dest)
-        bye = Header(kind=kind, sender=self.rank, round=self._last_sent.get(dest, -1) + 1, step=self.local_step)
+        bye = Header(kind=kind, sender=self.rank, round=self._last_sent.get(dest, -1) + 1, step=self.local_step,
+                     progress=self.progress.vector() if self.progress is not None else ())
         try:
             self.transport.post([dest], encode(bye), latest_only=False, timeout=self.config.send_timeout)
         except PeerTimeout:  # its outbox stayed full: it no longer reads, so it will not wait for this
@@ -170,5 +182,5 @@ class AsyncPushSum(SyncGossip):
 
     def statistics(self) -> dict:
         return {**super().statistics(), "received": sum(self.mailbox.received.values()),
-                "credit_bounded": self.credit_bounded, "forged_byes": self.mailbox.forged_byes,
+                "credit_bounded": self.credit_bounded, "credited_steps": self.credited_steps, "forged_byes": self.mailbox.forged_byes,
                 "held_back": self.flow.statistics()}

@@ -37,6 +37,9 @@ class ParameterAverage:
         terms = [(-1.0, list(self.flat.views()))] + [(share, c.chunks) for c in batch]
         self.flat.combine_(terms)  # W <- 0 * W + sum_m W_m / N, in one fused pass
 
+    def left(self, worker: int) -> None:
+        """(Nothing is kept per worker.)"""
+
     def sent(self, worker: int) -> None:
         """Nothing to remember per worker."""
 
@@ -64,6 +67,9 @@ class OuterStep:
         average_buffers(self.flat, batch)
         self.optimizer.step()
         return self.optimizer.param_groups[0]["lr"]
+
+    def left(self, worker: int) -> None:
+        """(Nothing is kept per worker.)"""
 
     def sent(self, worker: int) -> None:
         """Every worker starts from the weights it is sent: nothing else to remember."""

@@ -10,7 +10,11 @@ here:
 - each applied contribution's staleness is the server version now minus the version it was computed
   on (about N on average with N asynchronous workers);
 - with a staleness bound s (SSP, Ho et al., NeurIPS 2013) a worker whose clock is more than s ahead of
-  the slowest active worker gets no reply (and so cannot start its next step) until the slowest catches up.
+  the slowest active worker gets no reply (and so cannot start its next step) until the slowest catches up;
+- with a ``budget`` (the asynchronous modes: N x ``--steps`` gradients) the run ends for everyone at once
+  when that many contributions have been applied: every worker still waiting, and every one whose next
+  contribution arrives, is told to stop (``take_ending``) and nothing more is applied. A fast worker does
+  more than ``--steps`` steps and a slow one fewer, but none trains on alone after the others stopped.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ class Update(Protocol):
     def sent(self, worker: int) -> None:
         """The current weights are being sent to ``worker`` (DC-ASGD backs them up)."""
 
+    def left(self, worker: int) -> None:
+        """``worker`` finished or was given up on (the memory of rate compensation drops its gradient)."""
+
     def state_dict(self) -> dict:
         """What a checkpoint must hold besides the weights (optimizer state, DC-ASGD backups)."""
 
@@ -59,7 +66,9 @@ class ServerCore:
     update: Update
     batch_size: int
     staleness_bound: int | None = None  # None: no bound (everything but ps-ssp)
+    budget: int = 0  # contributions after which the run ends (0: each worker ends on its own)
     version: int = 0
+    contributed: int = 0  # contributions applied so far
     clocks: list[int] = field(default_factory=list)
     active: set[int] = field(default_factory=set)
     pending: list[Contribution] = field(default_factory=list)
@@ -67,6 +76,7 @@ class ServerCore:
     staleness: Counter[int] = field(default_factory=Counter)
     updates: int = 0
     applied: list[Applied] = field(default_factory=list)  # what the last submit() or leave() applied
+    ending: set[int] = field(default_factory=set)  # workers to tell that the run is over (``take_ending``)
 
     def __post_init__(self) -> None:
         self.clocks = [0] * self.workers
@@ -86,15 +96,28 @@ class ServerCore:
         """File one contribution; returns the workers to send the current weights to now."""
         self.applied = []
         self.clocks[contribution.worker] = contribution.clock
+        if self.spent:
+            self.ending.add(contribution.worker)
+            return []
         self.pending.append(contribution)
-        due = self._apply_if_full()
-        return self._release(due)
+        return self._release(self._apply_if_full())
+
+    @property
+    def spent(self) -> bool:
+        """The run's budget of contributions has been applied."""
+        return 0 < self.budget <= self.contributed
+
+    def take_ending(self) -> list[int]:
+        """The workers to tell now that the run is over (each once per contribution it sent after the end)."""
+        ending, self.ending = sorted(self.ending), set()
+        return ending
 
     def leave(self, worker: int) -> list[int]:
         """A worker finished (or was given up on): it no longer counts toward batches or holds back
         faster workers; what it had waiting is dropped."""
         self.applied = []
         self.active.discard(worker)
+        self.update.left(worker)
         self.held.discard(worker)
         self.pending = [c for c in self.pending if c.worker != worker]
         return self._release(self._apply_if_full())
@@ -108,11 +131,17 @@ class ServerCore:
         lr = self.update.apply(batch, taus, self.version + 1)
         self.version += 1
         self.updates += 1
+        self.contributed += len(batch)
         self.staleness.update(taus)
         self.applied.append(Applied(self.version, [c.worker for c in batch], taus, lr))
         return [c.worker for c in batch]
 
     def _release(self, due: list[int]) -> list[int]:
+        if self.spent:  # the budget ran out (with this batch or before): everyone still waiting stops
+            self.ending.update(due, self.held, (c.worker for c in self.pending))
+            self.pending = []
+            self.held.clear()
+            return []
         self.held.update(due)
         ready = sorted(w for w in self.held if self.may_proceed(w))
         self.held.difference_update(ready)
@@ -127,12 +156,13 @@ class ServerCore:
         return self.clocks[worker] - slowest <= self.staleness_bound
 
     def state_dict(self) -> dict:
-        return {"version": self.version, "updates": self.updates, "clocks": list(self.clocks),
+        return {"version": self.version, "updates": self.updates, "contributed": self.contributed,
+                "clocks": list(self.clocks),
                 "active": sorted(self.active), "staleness": dict(self.staleness), "update": self.update.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume after a restart; contributions that were pending are gone (their workers re-join)."""
-        self.version, self.updates = state["version"], state["updates"]
+        self.version, self.updates, self.contributed = state["version"], state["updates"], state["contributed"]
         self.clocks, self.active = list(state["clocks"]), set(state["active"])
         self.staleness = Counter(state["staleness"])
         self.pending, self.held = [], set()

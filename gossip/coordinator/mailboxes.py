@@ -42,10 +42,10 @@ class QueueMailbox(Mailbox):
 
 
 class ReplyMailbox(Mailbox):
-    """A parameter-server worker's: the newest weights the server sent, and whether it acknowledged a
-    hello (it is alive and still has our contribution) since we last looked."""
+    """A parameter-server worker's: the newest weights the server sent (as "weights", or as "end" when
+    the run is over), and whether it acknowledged a hello (it is alive and still has our contribution) since we last looked."""
 
-    accepts = frozenset({"hello", "weights"})
+    accepts = frozenset({"hello", "weights", "end"})
 
     def __init__(self, rank: int, world_size: int, layout: Layout, server: int) -> None:
         super().__init__(rank, world_size, layout, lambda sender, round: sender == server)
@@ -66,7 +66,7 @@ class ReplyMailbox(Mailbox):
         if message.header.step < self.expected_step:
             raise ProtocolError("stale-reply", f"an answer to our step {message.header.step}; we are at step "
                                                f"{self.expected_step}")
-        if message.header.kind == "weights":
+        if message.header.kind in ("weights", "end"):  # "end": the last weights; the run is over
             self._weights = message
         else:
             self._acknowledged = True

@@ -114,9 +114,11 @@ def outer_optimizer(settings: CoordinatorConfig) -> ServerOptimizer:
 
 
 def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimizer: torch.optim.Optimizer,
-               workers: int, schedule: Schedule = Schedule()) -> ServerCore:
+               workers: int, schedule: Schedule = Schedule(), budget: int = 0, memory: bool = False) -> ServerCore:
     """The server state machine for ``mode``; the optimizer steps the model that ``flat`` flattened, its lr
-    set by ``schedule`` for each version."""
+    set by ``schedule`` for each version; an asynchronous mode's run ends after ``budget`` gradients (0:
+    when every worker has said bye) and, with ``memory`` (rate compensation), steps with the mean of every
+    worker's latest gradient (``memory.py``)."""
     if mode == "ps-sync":
         return ServerCore(workers, GradientStep(flat, optimizer, schedule=schedule), batch_size=workers)
     if mode == "ps-avg":
@@ -128,6 +130,6 @@ def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimiz
                                          settings.dc_momentum, settings.dc_epsilon)
     elif mode not in ("ps-async", "ps-ssp"):
         raise ConfigError(f"{mode!r} is not a parameter-server mode")
-    update = GradientStep(flat, optimizer, settings.staleness_lr, compensation, schedule)
+    update = GradientStep(flat, optimizer, settings.staleness_lr, compensation, schedule, memory)
     bound = settings.staleness_bound if mode == "ps-ssp" else None
-    return ServerCore(workers, update, batch_size=settings.soft_sync, staleness_bound=bound)
+    return ServerCore(workers, update, batch_size=settings.soft_sync, staleness_bound=bound, budget=budget)

@@ -55,7 +55,8 @@ class ParameterServer:
             server_optimizer(self.config.mode, context.optimizer, self.workers, cfg.coordinator, run_schedule(cfg))
         self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat,
                                            self.optimizer.build(self.task.model.parameters()), self.workers,
-                                           self.optimizer.schedule)
+                                           self.optimizer.schedule, cfg.nodes * cfg.steps if cfg.swarm_budget else 0,
+                                           memory=self.config.rate_compensation == "on")
         contribution = "params" if self.config.mode in SENDS_WEIGHTS else "grad"
         self.mailbox = QueueMailbox(self.rank, self.workers + 1, self.flat.layout,
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
@@ -66,7 +67,6 @@ class ParameterServer:
         self.finished: set[int] = set()  # said bye
         self.started = time.monotonic()
         self.last_heard: dict[int, float] = {}  # worker -> its last message, or our last answer to it
-        self.contributions = 0  # gradients (or weight sets) applied so far
         self.dropped: Counter[str] = Counter()  # implausible contributions (the transport counts the rest)
 
     def serve(self) -> None:
@@ -131,11 +131,10 @@ class ParameterServer:
         if self.core.applied:
             self._check_weights(self.core.applied[-1].version)
         for applied in self.core.applied:
-            self.contributions += len(applied.workers)
             self.events.write("update", version=applied.version, workers=applied.workers,
                               staleness=applied.staleness, active=len(self.core.active), lr=applied.lr)
             if self.cfg.eval_every and applied.version % self.cfg.eval_every == 0:
-                self.events.write("eval", version=applied.version, contributions=self.contributions,
+                self.events.write("eval", version=applied.version, contributions=self.core.contributed,
                                   **self.task.evaluate())
             if self.cfg.checkpoint_every and applied.version % self.cfg.checkpoint_every == 0:
                 self.save_checkpoint()
@@ -189,19 +188,22 @@ class ParameterServer:
         return False
 
     def _reply(self, workers: list[int]) -> None:
+        """Send the current weights to ``workers``, and to those the run's end stops, with "end"."""
         self._log_applied()
-        if not workers:
+        ending = self.core.take_ending()
+        if not workers and not ending:
             return
         snapshot, now = self.flat.snapshot(), time.monotonic()
-        for worker in workers:  # one copy of the weights; each header names the step it answers
-            clock = self.core.clocks[worker]
-            header = params_header("weights", self.rank, self.flat.layout, self.flat.chunk_bytes,
-                                   round=self.core.version, step=clock)
-            self.last_heard[worker] = now  # its silence counts from when it has our answer
-            self.events.write("reply", worker=worker, version=self.core.version, clock=clock,
-                              lead=self.core.lead(worker))
-            self.transport.post([worker], encode(header, snapshot), latest_only=False,
-                                timeout=self.config.send_timeout)
+        for kind, whom in (("weights", workers), ("end", ending)):
+            for worker in whom:  # one copy of the weights; each header names the step it answers
+                clock = self.core.clocks[worker]
+                header = params_header(kind, self.rank, self.flat.layout, self.flat.chunk_bytes,
+                                       round=self.core.version, step=clock)
+                self.last_heard[worker] = now  # its silence counts from when it has our answer
+                self.events.write("reply" if kind == "weights" else "end-sent", worker=worker,
+                                  version=self.core.version, clock=clock, lead=self.core.lead(worker))
+                self.transport.post([worker], encode(header, snapshot), latest_only=False,
+                                    timeout=self.config.send_timeout)
 
     def _wait_seconds(self) -> float:
         return self.config.startup_timeout if len(self.joined) < self.workers else self.config.round_timeout
@@ -219,7 +221,7 @@ class ParameterServer:
         return sorted(self.core.active - {c.worker for c in self.core.pending} - self.core.held)
 
     # The counters of the server's checkpoint (``gossip/checkpoint.py`` kinds)
-    CHECKPOINT_COUNTERS = {"contributions": checkpoint.COUNT, "joined": checkpoint.COUNTS,
+    CHECKPOINT_COUNTERS = {"joined": checkpoint.COUNTS, "core.contributed": checkpoint.COUNT,
                            "core.version": checkpoint.COUNT, "core.updates": checkpoint.COUNT,
                            "core.clocks": checkpoint.COUNTS, "core.active": checkpoint.COUNTS,
                            "core.staleness": checkpoint.COUNT_MAP}
@@ -230,8 +232,7 @@ class ParameterServer:
     def save_checkpoint(self) -> None:
         """The weights and the core's state, atomically, the previous checkpoint kept as ``.prev.pt``; a
         state with NaN or Inf or a bad counter is not written (one warning, a ``checkpoint-skipped`` event)."""
-        state = {"model": cpu_state(self.task.model), "core": self.core.state_dict(),
-                 "contributions": self.contributions, "joined": sorted(self.joined)}
+        state = {"model": cpu_state(self.task.model), "core": self.core.state_dict(), "joined": sorted(self.joined)}
         reason = checkpoint.refusal(state, self.CHECKPOINT_COUNTERS)
         if reason is not None:
             log.warning("server: checkpoint of version %d not written: %s; the previous one is kept",
@@ -256,7 +257,7 @@ class ParameterServer:
         update = self.core.update
         optimizer = getattr(update, "optimizer", None)
         problem = checkpoint.fit_problem(
-            state, keys=("model", "core", "contributions", "joined"), counters=self.CHECKPOINT_COUNTERS,
+            state, keys=("model", "core", "joined"), counters=self.CHECKPOINT_COUNTERS,
             model=self.task.model.state_dict(), optimizers={"core.update.optimizer": optimizer} if optimizer else {})
         if problem is not None:
             return problem
@@ -301,7 +302,7 @@ class ParameterServer:
             self.core.load_state_dict(state["core"])
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # past the checks: still one line
             raise CheckpointError(f"checkpoint {used} does not load: {str(exc).strip().splitlines()[0]}") from exc
-        self.contributions, self.joined = state["contributions"], set(state["joined"])
+        self.joined = set(state["joined"])
         self.events.write("resume", found=True, file=str(used), rejected=len(rejected), version=self.core.version)
 
     def close(self, finish: bool) -> None:
@@ -324,6 +325,7 @@ def run_server(cfg: RunConfig, out: Path, resume: bool = False) -> None:
     torch.save(cpu_state(server.task.model), out / "model-final.pt")
     core = server.core
     events.write("end", wall_seconds=time.time() - started, versions=core.version, updates=core.updates,
-                 staleness=dict(sorted(core.staleness.items())), test=server.task.evaluate(),
+                 contributed=core.contributed, staleness=dict(sorted(core.staleness.items())),
+                 test=server.task.evaluate(),
                  implausible=dict(server.dropped), **server.transport.statistics())
     events.close()

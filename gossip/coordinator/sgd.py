@@ -2,11 +2,14 @@
 staleness-scaled learning rate and soft synchronisation), ps-ssp and ps-dcasgd.
 
 A batch's gradients are averaged, each first delay-compensated (DC-ASGD) and scaled by 1 / max(1, tau)
-when ``staleness_lr`` is set (a learning rate set separately for each update from its
-staleness), then written into the parameters' ``.grad`` and stepped with the server's optimizer (SGD with momentum, or
+when ``staleness_lr`` is set (a learning rate set separately for each update from its staleness), then
+written into the parameters' ``.grad`` and stepped with the server's optimizer (SGD with momentum, or
 AdamW: its moments accumulate the compensated gradients g~, exactly as they accumulate plain gradients, so
 compensation and momentum compose like any gradient correction), at the learning rate its schedule gives
 the version the batch produces (``gossip/optim.py Schedule``).
+With rate compensation (``memory``: the asynchronous modes' default) each such gradient instead replaces
+its worker's in the server's memory and the step takes the mean of every worker's latest one
+(``memory.py``): compensation and staleness scaling act on a gradient once, when it arrives.
 Buffers (BatchNorm statistics) are not trained: the server takes the mean of the values workers report.
 """
 
@@ -16,19 +19,22 @@ import torch
 
 from gossip.coordinator.core import Contribution
 from gossip.coordinator.dcasgd import DelayCompensation
+from gossip.coordinator.memory import GradientMemory
 from gossip.flat import FlatParams
 from gossip.optim import Schedule
 
 
 class GradientStep:
     def __init__(self, flat: FlatParams, optimizer: torch.optim.Optimizer, staleness_lr: bool = False,
-                 compensation: DelayCompensation | None = None, schedule: Schedule = Schedule()) -> None:
+                 compensation: DelayCompensation | None = None, schedule: Schedule = Schedule(),
+                 memory: bool = False) -> None:
         self.flat = flat
         self.optimizer = optimizer
         self.staleness_lr = staleness_lr
         self.compensation = compensation
         self.schedule = schedule
         self.gradients = flat.point_gradients_into()  # writing here is what the optimizer steps with
+        self.memory = GradientMemory(self.gradients) if memory else None  # rate compensation (memory.py)
 
     def apply(self, batch: list[Contribution], staleness: list[int], version: int) -> float:
         """Step to ``version`` with the batch's gradients; returns the learning rate the schedule gave it."""
@@ -39,9 +45,14 @@ class GradientStep:
             gradient = contribution.chunks
             if self.compensation is not None:
                 gradient = self.compensation.compensate(contribution.worker, gradient)
-            scale = (1.0 / max(1, tau) if self.staleness_lr else 1.0) / len(batch)
+            scale = 1.0 / max(1, tau) if self.staleness_lr else 1.0
+            if self.memory is not None:
+                self.memory.store(contribution.worker, gradient, scale)
+                continue
             for target, g in zip(self.gradients, gradient):
-                target.add_(g, alpha=scale)
+                target.add_(g, alpha=scale / len(batch))
+        if self.memory is not None:  # every worker's latest gradient counts once
+            self.memory.mean_into(self.gradients)
         average_buffers(self.flat, batch)
         self.optimizer.step()
         return lr
@@ -49,6 +60,10 @@ class GradientStep:
     def sent(self, worker: int) -> None:
         if self.compensation is not None:
             self.compensation.backup(worker)
+
+    def left(self, worker: int) -> None:
+        if self.memory is not None:
+            self.memory.forget(worker)
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(),

@@ -1,12 +1,13 @@
 """A parameter-server worker: after each local step it sends its gradients (or, in ps-avg, its weights
-every ``local_steps`` steps) to the server and continues from the weights the server answers with."""
+every ``local_steps`` steps) to the server and continues from the weights the server answers with; in the
+asynchronous modes until the server answers "end" (the swarm's budget of gradients is spent)."""
 
 from __future__ import annotations
 
 import logging
 
 from gossip.averagers.base import Averager
-from gossip.config import CoordinatorConfig, GossipConfig
+from gossip.config import SWARM_BUDGET_MODES, CoordinatorConfig, GossipConfig
 from gossip.coordinator.mailboxes import ReplyMailbox
 from gossip.coordinator.modes import SENDS_WEIGHTS
 from gossip.errors import PeerTimeout
@@ -27,6 +28,7 @@ class PSWorker(Averager):
         self.retries = coordinator.server_retries
         self.rejoins = 0
         self.version = 0  # the server version of the weights we hold
+        self.ended = False  # the server answered "end": the run's budget of gradients is spent
         super().__init__(flat, config)
 
     def _make_mailbox(self) -> ReplyMailbox:
@@ -56,6 +58,14 @@ class PSWorker(Averager):
             message = self._wait_for_server(timeout)
         self.flat.copy_(message.chunks)
         self.version = message.header.version
+        self.ended = self.ended or message.header.kind == "end"
+
+    def done(self, steps: int) -> bool:
+        """In the asynchronous modes once the server says the swarm's budget is spent (``core.py``); else
+        after our own ``steps``."""
+        if self.config.mode in SWARM_BUDGET_MODES and self.config.schedule == "steps":
+            return self.ended or (bool(self.config.max_steps) and self.local_step >= self.config.max_steps)
+        return super().done(steps)
 
     def _wait_for_server(self, timeout: float) -> Message:
         """The server's answer. After ``timeout`` seconds of silence say hello: a live server that still

@@ -27,16 +27,20 @@ from gossip.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 4096
+# gossip-async's headers carry a step count per peer (gossip/progress.py): at most 9 bytes each in msgpack,
+# so 256 of them leave room for the rest of a header
+MAX_PROGRESS_PEERS = 256
 MIN_CHUNK_BYTES = 64
 MAX_CHUNK_BYTES = 64 << 20
 MAX_INT = 1 << 53  # counters beyond this cannot be real; also keeps floats exact in logs
 # kind -> whether it carries the flat buffers as payload. "params": a peer's weights (gossip, and ps-avg
 # workers); "grad": a parameter-server worker's gradients; "weights": the server's weights for a worker;
-# "bye": a worker or peer that has finished. "bye-ack" (gossip-async push-sum): a peer still training
+# "bye": a worker or peer that has finished; "end" (asynchronous parameter-server modes): the server's
+# answer to a contribution once the run's budget of gradients is spent, with its weights: stop training. "bye-ack" (gossip-async push-sum): a peer still training
 # answers a finished neighbour's bye: it sends that neighbour nothing more. "welcome": a gossip neighbour
 # re-admits a restarted peer, in its round ``round`` at its step ``step``. "delta-f16" and "delta-i8"
 # (compressed gossip, ``--compress``): the sender's compressed change of its public copy (see below).
-KINDS: dict[str, bool] = {"hello": False, "params": True, "grad": True, "weights": True, "bye": False,
+KINDS: dict[str, bool] = {"hello": False, "params": True, "grad": True, "weights": True, "end": True, "bye": False,
                           "bye-ack": False, "welcome": False, "delta-f16": True, "delta-i8": True}
 # Compressed payloads follow the same frame plan as the weights; each row of it becomes, for "float16", one
 # frame of float16 values and, for "int8", one frame of int8 values and one of float32 scales, one scale per
@@ -105,6 +109,8 @@ class Header:
     fingerprint: str = ""
     segments: tuple[tuple[str, int], ...] = ()  # (dtype, nbytes) per flat segment
     chunk_bytes: int = 0
+    # gossip-async: the latest step of every peer that the sender knows of (its own is ``step``), empty elsewhere
+    progress: tuple[int, ...] = ()
 
     @property
     def version(self) -> int:
@@ -116,6 +122,7 @@ class Header:
             "v": PROTOCOL_VERSION, "k": self.kind, "r": self.sender, "round": self.round, "step": self.step,
             "n": self.samples, "sp": float(self.speed), "st": float(self.step_seconds), "w": float(self.weight),
             "fp": self.fingerprint, "seg": [list(s) for s in self.segments], "ch": self.chunk_bytes,
+            "pg": list(self.progress),
         })
 
 
@@ -201,7 +208,7 @@ def _decode_header(raw: bytes, world_size: int) -> Header:
         raise ProtocolError("header", f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
         obj = msgpack.unpackb(raw, raw=False, strict_map_key=True,
-                              max_str_len=256, max_bin_len=256, max_array_len=64, max_map_len=32)
+                              max_str_len=256, max_bin_len=256, max_array_len=MAX_PROGRESS_PEERS, max_map_len=32)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise ProtocolError("header", f"undecodable header: {exc}") from exc
     if not isinstance(obj, dict):
@@ -227,9 +234,17 @@ def _decode_header(raw: bytes, world_size: int) -> Header:
     if not all(isinstance(s, (list, tuple)) and len(s) == 2 and isinstance(s[0], str) and type(s[1]) is int
                for s in segments):
         raise ProtocolError("field", "header field 'seg' is not a list of (dtype, nbytes) pairs")
+    progress = obj.get("pg", [])
+    if not isinstance(progress, (list, tuple)) or not all(type(v) is int and 0 <= v < MAX_INT for v in progress):
+        raise ProtocolError("field", "header field 'pg' is not a list of step counts")
+    if progress and (len(progress) != world_size or progress[obj["r"]] != obj["step"]):
+        raise ProtocolError("progress", f"peer {obj['r']} reports the steps of {len(progress)} peers, its own as "
+                                        f"{progress[obj['r']] if obj['r'] < len(progress) else None} in a message "
+                                        f"of its step {obj['step']}; the run has {world_size} peers")
     return Header(kind=kind, sender=obj["r"], round=obj["round"], step=obj["step"], samples=obj["n"],
                   speed=obj["sp"], step_seconds=obj["st"], weight=obj["w"], fingerprint=fingerprint,
-                  segments=tuple((s[0], s[1]) for s in segments), chunk_bytes=chunk_bytes)
+                  segments=tuple((s[0], s[1]) for s in segments), chunk_bytes=chunk_bytes,
+                  progress=tuple(progress))
 
 
 def _check_layout(header: Header, layout: Layout, frame_count: int) -> list[tuple[int, int, int]]:

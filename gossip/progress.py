@@ -1,0 +1,108 @@
+"""How far the whole swarm has trained, as one gossip-async peer knows it: the swarm-wide end and the rate
+compensation of asynchronous gossip.
+
+Every message a gossip-async peer sends carries, besides its own step, the latest step it knows of every
+other peer (``Header.progress``); a receiver keeps the element-wise maximum. This is a vector clock of step
+counts: each entry only grows, a peer's own entry is exact, and another's lags behind the truth by the time
+news takes to travel to us (about one step per hop of the graph). Two things follow from it, on every peer
+alike and without a shared clock:
+
+- **The end.** The run has a budget of steps for the whole swarm: ``--steps`` per peer on average, N x
+  ``--steps`` in all (``spent``). A peer stops at its first mixing point from which the steps it knows of,
+  plus those the swarm takes at its mean rate while its own next step would run, add up to the budget: it
+  does not begin a step that would end after the others stopped. So all stop within about a step of each
+  other, the slow ones a little before the budget is spent and the fast ones as it is: a fast peer does more
+  than ``--steps`` steps and a slow one fewer, but none trains on alone after the others stopped (it would
+  learn of their end only at its next mixing point, one of its long steps too late).
+- **The rate.** ``rate_factor(seconds, steps)`` is how much progress of ``steps`` own steps made over
+  ``seconds`` counts: seconds x R / steps, with R the swarm's mean steps per second per peer over the last
+  ``window`` mixing points (on our own clock, so no common clock is needed). For a peer at a steady rate r_i
+  that is R / r_i = rbar / r_i. Crediting each step with it makes every peer's data move the network's mass
+  alike per unit of time (asynchronous gradient push's rate compensation, Assran & Rabbat, 2020), so the
+  run minimises the mean of the peers' objectives rather than a mean weighted by their rates. Counting the
+  time each step took, rather than an estimate of our own rate, keeps this exact when a peer's speed
+  changes from step to step (2 cores shared by 6 peers: +-10%): only R is estimated, and R is the same
+  swarm-wide quantity on every peer. Bounded to [1 / ``MAX_RATE_FACTOR``, ``MAX_RATE_FACTOR``], and 1 until
+  ``MIN_RATE_POINTS`` mixing points are known.
+
+A peer's entries are claims by its neighbours about third parties; each is bounded by the run's horizon
+(N x ``--steps``), so a lying peer can at worst end the run early, never move a model.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+RATE_WINDOW = 128  # mixing points the swarm's mean rate is measured over
+MIN_RATE_POINTS = 3  # mixing points before the first estimate (until then progress counts 1)
+MAX_RATE_FACTOR = 8.0  # progress counts at most 8x (a peer 8x slower than the mean) and at least 1/8
+
+
+class SwarmProgress:
+    """Every peer's latest known step, merged from the headers that arrive (on the transport's thread) and
+    advanced by our own steps (on the training thread)."""
+
+    def __init__(self, world_size: int, rank: int, window: int = RATE_WINDOW) -> None:
+        self.world_size = world_size
+        self.rank = rank
+        self._known = [0] * world_size
+        self._lock = threading.Lock()
+        self._history: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=window + 1)  # (time, steps known)
+
+    def merge(self, progress: Sequence[int]) -> None:
+        """Take the newer of ours and ``progress`` (a header's, validated) for every peer but us."""
+        with self._lock:
+            for peer, step in enumerate(progress):
+                if peer != self.rank and step > self._known[peer]:
+                    self._known[peer] = step
+
+    def advance(self, step: int) -> None:
+        """Our own step (never goes back, except after a restart)."""
+        with self._lock:
+            self._known[self.rank] = step
+
+    def vector(self) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(self._known)
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._known)
+
+    def spent(self, steps: int, within: float = 0.0) -> bool:
+        """The swarm will have done ``steps`` steps per peer on average, as far as we know, before a step of
+        ours that takes ``within`` seconds would end: the others' steps meanwhile (at the mean rate R, once
+        known; N R ``within`` less our one) are counted ahead."""
+        ahead = max(0.0, self.world_size * (self.mean_rate() or 0.0) * within - 1.0)
+        return self.total + ahead >= self.world_size * steps
+
+    def mean_step(self) -> int:
+        """The steps of the average peer: where the swarm is in a schedule written in ``--steps``."""
+        return self.total // self.world_size
+
+    def note(self, now: float) -> None:
+        """At a mixing point, at ``now`` (seconds on our clock): remember the steps we know of, for the rate."""
+        with self._lock:
+            self._history.append((now, tuple(self._known)))
+
+    def mean_rate(self) -> float | None:
+        """R, the mean over the peers of their steps per second, over the window (None: not known yet). Only
+        peers we had heard of at the window's start count: the first news of a peer is a jump from 0 to
+        wherever it is, not progress made during the window."""
+        if len(self._history) < MIN_RATE_POINTS:
+            return None
+        (then, before), (now, after) = self._history[0], self._history[-1]
+        grown = [a - b for a, b in zip(after, before) if b > 0]
+        if now <= then or not grown or sum(grown) <= 0:
+            return None
+        return sum(grown) / len(grown) / (now - then)
+
+    def rate_factor(self, seconds: float, steps: int) -> float:
+        """seconds x R / steps (module docstring): 1 for a peer at the swarm's mean rate."""
+        rate = self.mean_rate()
+        if rate is None or steps <= 0:
+            return 1.0
+        return min(MAX_RATE_FACTOR, max(1.0 / MAX_RATE_FACTOR, seconds * rate / steps))
