@@ -65,7 +65,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-        f"{subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} CPUs", "seeds": args.seeds,
+        f"{subprocess.run(['nproc'], capture_output=True, text=True, check=False).stdout.strip()} CPUs", "seeds": args.seeds,
         "compute_ms": args.compute_ms, "results": results}, indent=2))
 
     def cell(runs: list[dict]) -> str:

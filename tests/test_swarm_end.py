@@ -10,6 +10,7 @@ import torch
 
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.memory import REFRESH, GradientMemory
+from gossip.coordinator.rates import ArrivalRates
 from gossip.errors import ProtocolError
 from gossip.net.wire import MAX_PROGRESS_PEERS, Header, Layout, decode, encode
 from gossip.progress import MAX_RATE_FACTOR, MIN_RATE_POINTS, SwarmProgress
@@ -138,3 +139,20 @@ def test_the_server_ends_the_run_for_everyone_when_its_budget_of_gradients_is_sp
     assert core.contributed == 4 and core.clocks == [3, 1, 1]
     core.leave(2)
     assert core.update.left_workers == [2]
+
+
+def test_an_adamw_servers_rate_weights_count_each_worker_alike_per_second():
+    """Worker 0 contributes every second, worker 1 every 4 s: R = (1 + 1/4) / 2 per second per worker, so
+    worker 0's gradients weigh 0.625 and worker 1's 2.5 (each worker's weights per second: 0.625 alike)."""
+    rates = ArrivalRates(2)
+    rates.joined(0, 0.0)
+    rates.joined(1, 0.0)
+    weights: dict[int, list[float]] = {0: [], 1: []}
+    for t in range(1, 81):
+        weights[0].append(rates.arrived(0, float(t), active=2))
+        if t % 4 == 0:
+            weights[1].append(rates.arrived(1, float(t), active=2))
+    assert weights[0][0] == 1.0  # nothing measured yet
+    assert weights[0][-1] == pytest.approx(0.625, rel=0.02) and weights[1][-1] == pytest.approx(2.5, rel=0.02)
+    rates.joined(1, 100.0)  # a restarted worker: its interval counts from its hello, not from before
+    assert rates.arrived(1, 104.0, active=2) == pytest.approx(4 * rates.mean_rate(2))

@@ -23,7 +23,6 @@ from gossip.net.transport import Delivery
 from gossip.net.wire import Header, encode, params_header
 from gossip.progress import SwarmProgress
 
-
 PAUSE_BOUND = 2.0  # rate compensation credits a step at most this many times our usual step's time
 USUAL_SMOOTHING = 0.1
 

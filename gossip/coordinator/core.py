@@ -33,6 +33,7 @@ class Contribution:
     clock: int  # the worker's local steps after it
     chunks: list[torch.Tensor]  # gradients (or weights, for ps-avg), cut like the flat buffers
     samples: int = 0
+    weight: float = 1.0  # how much it counts: rbar / r_i with an AdamW server's rate compensation (rates.py)
 
 
 class Update(Protocol):

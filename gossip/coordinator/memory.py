@@ -13,6 +13,12 @@ its jumps, 3.5x a fast worker's for one four times slower, are what is left at t
 ``bench/rate_fairness.py``). The price is one stored gradient per worker at the server, and a worker that
 leaves must take its gradient with it (``forget``), or it would pull the model forever.
 
+Only a server that steps SGD keeps a memory. With AdamW the mean of N gradients, N - 1 of them the same
+as in the previous step, is a steady direction that AdamW's normalisation turns into a full step at every
+arrival, N times a round where a fresh noisy gradient's would partly cancel: on the language model (4
+workers, iid) ps-async ended at 1.455 times ps-sync's loss against 1.305 without it (BENCHMARKS.md). There
+each gradient is weighted rbar / r_i instead (``rates.py``), which at equal speeds is the plain rule.
+
 The sum is kept running (a worker's new gradient minus its old one), refreshed from the stored gradients
 every ``REFRESH`` updates so that rounding does not accumulate. The mean is over the workers with a stored
 gradient: the first updates of a run, or after a server restart, average fewer (the memory is not

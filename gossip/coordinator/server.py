@@ -25,7 +25,8 @@ from gossip.connect import build_transport
 from gossip.coordinator.averaging import ParameterAverage
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.mailboxes import QueueMailbox
-from gossip.coordinator.modes import SENDS_WEIGHTS, build_core, outer_optimizer, server_optimizer
+from gossip.coordinator.modes import ASYNCHRONOUS, SENDS_WEIGHTS, build_core, outer_optimizer, server_optimizer
+from gossip.coordinator.rates import ArrivalRates
 from gossip.device import cpu_state
 from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped, TransportError
 from gossip.flat import FlatParams
@@ -56,7 +57,9 @@ class ParameterServer:
         self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat,
                                            self.optimizer.build(self.task.model.parameters()), self.workers,
                                            self.optimizer.schedule, cfg.nodes * cfg.steps if cfg.swarm_budget else 0,
-                                           memory=self.config.rate_compensation == "on")
+                                           memory=self._compensates("sgd"))
+        # an AdamW server's rate compensation: each gradient weighted rbar / r_i (rates.py, memory.py say why)
+        self.rates = ArrivalRates(self.workers) if self._compensates("adamw") else None
         contribution = "params" if self.config.mode in SENDS_WEIGHTS else "grad"
         self.mailbox = QueueMailbox(self.rank, self.workers + 1, self.flat.layout,
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
@@ -68,6 +71,11 @@ class ParameterServer:
         self.started = time.monotonic()
         self.last_heard: dict[int, float] = {}  # worker -> its last message, or our last answer to it
         self.dropped: Counter[str] = Counter()  # implausible contributions (the transport counts the rest)
+
+    def _compensates(self, optimizer: str) -> bool:
+        """Rate compensation applies, and the server steps ``optimizer``: an asynchronous gradient mode."""
+        return (self.config.mode in ASYNCHRONOUS and self.config.rate_compensation == "on"
+                and self.optimizer.name == optimizer)
 
     def serve(self) -> None:
         """Answer workers until every one has said bye."""
@@ -96,14 +104,18 @@ class ParameterServer:
             self._acknowledge(worker)  # it only asks whether we are alive
         elif header.kind == "hello":
             self.joined.add(worker)
+            if self.rates is not None:
+                self.rates.joined(worker, time.monotonic())
             self._reply(self.core.join(worker, header.step))
         elif header.kind == "bye":
             if self._plausible_bye(message):
                 self.finished.add(worker)
                 self._reply(self.core.leave(worker))
         elif self._plausible(message):
+            weight = 1.0 if self.rates is None else self.rates.arrived(worker, time.monotonic(),
+                                                                       len(self.core.active))
             self._reply(self.core.submit(Contribution(worker, header.version, header.step, message.chunks,
-                                                      header.samples)))
+                                                      header.samples, weight)))
 
     def _holds_contribution_of(self, worker: int) -> bool:
         return worker in self.core.held or any(c.worker == worker for c in self.core.pending)

@@ -7,9 +7,10 @@ written into the parameters' ``.grad`` and stepped with the server's optimizer (
 AdamW: its moments accumulate the compensated gradients g~, exactly as they accumulate plain gradients, so
 compensation and momentum compose like any gradient correction), at the learning rate its schedule gives
 the version the batch produces (``gossip/optim.py Schedule``).
-With rate compensation (``memory``: the asynchronous modes' default) each such gradient instead replaces
-its worker's in the server's memory and the step takes the mean of every worker's latest one
-(``memory.py``): compensation and staleness scaling act on a gradient once, when it arrives.
+With rate compensation (the asynchronous modes' default) a server stepping SGD keeps each such gradient
+in place of its worker's previous one and steps with the mean of every worker's latest (``memory``,
+``memory.py``); one stepping AdamW scales each by its worker's rate weight rbar / r_i (``Contribution.weight``,
+``rates.py``). Compensation and staleness scaling act on a gradient once, when it arrives.
 Buffers (BatchNorm statistics) are not trained: the server takes the mean of the values workers report.
 """
 
@@ -50,7 +51,7 @@ class GradientStep:
                 self.memory.store(contribution.worker, gradient, scale)
                 continue
             for target, g in zip(self.gradients, gradient):
-                target.add_(g, alpha=scale / len(batch))
+                target.add_(g, alpha=scale * contribution.weight / len(batch))
         if self.memory is not None:  # every worker's latest gradient counts once
             self.memory.mean_into(self.gradients)
         average_buffers(self.flat, batch)
