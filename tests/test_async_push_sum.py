@@ -60,10 +60,10 @@ def test_every_step_moves_the_mean_by_its_share(launch_run, speeds, compensation
                      "--speeds", speeds, "--rate-compensation", compensation, nodes=nodes)
     weights, models = final_state(run, nodes)
     ends = [next(e for e in run.events(rank) if e["event"] == "end") for rank in range(nodes)]
-    assert all(end["credit_bounded"] == 0 for end in ends)  # (no weight fell below 1 / 4)
     assert weights.sum().item() == pytest.approx(nodes, rel=1e-9)
-    credits = [end["credited_steps"] for end in ends]
+    credits = [end["credited_steps"] for end in ends]  # (bounded where a credit exceeded 4 w: still exact)
     if compensation == "off":
+        assert all(end["credit_bounded"] == 0 for end in ends)  # (no weight fell below 1 / 4)
         assert credits == [end["step"] for end in ends]
     elif speeds != "1,1,1,1":  # a step of the peer 4x slower counts about 4x one of a fast peer's
         per_step = [c / end["step"] for c, end in zip(credits, ends)]
