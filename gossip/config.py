@@ -21,10 +21,10 @@ from typing import Any
 
 import topologies
 from gossip.errors import ConfigError
+from gossip.net.address import bindable, check_host, parse_hosts, split_endpoint
+from gossip.net.wire import MAX_PROGRESS_PEERS
 from gossip.partition import parse_partition
 from gossip.recipes import OPTIMIZER_DEFAULTS, RECIPES, recipe
-from gossip.net.wire import MAX_PROGRESS_PEERS
-from gossip.net.address import bindable, check_host, parse_hosts, split_endpoint
 
 GOSSIP_MODES = ("gossip-sync", "gossip-async")
 PS_MODES = ("ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")  # a parameter server and N workers
@@ -183,6 +183,13 @@ class GossipConfig:
     @property
     def parameter_server(self) -> bool:
         return self.mode in PS_MODES
+
+    @property
+    def swarm_budget(self) -> bool:
+        """The run ends once the swarm has done ``--steps`` per peer on average (steps, or the server's
+        gradients), not as each peer has done its own: the asynchronous modes under schedule "steps"
+        (``gossip/progress.py``, ``gossip/coordinator/core.py``)."""
+        return self.mode in SWARM_BUDGET_MODES and self.schedule == "steps"
 
     @property
     def server_rank(self) -> int:
@@ -395,16 +402,9 @@ class RunConfig:
         if self.gossip.weight_by == "samples":
             weight = float(self.nodes * self.batch_size * self.gossip.gossip_every) if by_steps else 0.0
         # a swarm-wide budget lets one peer do all the swarm's steps (the others died, or are that much slower)
-        share = self.nodes if self.swarm_budget else 1
+        share = self.nodes if self.gossip.swarm_budget else 1
         return {"max_rounds": self.total_rounds * share, "max_steps": self.steps * share if by_steps else 0,
                 "max_weight": weight}
-
-    @property
-    def swarm_budget(self) -> bool:
-        """The run ends once the swarm has done ``nodes * steps`` steps (or gradients), not as each peer has
-        done ``steps``: the asynchronous modes under schedule "steps" (``gossip/progress.py``; the server
-        counts gradients)."""
-        return self.gossip.mode in SWARM_BUDGET_MODES and self.gossip.schedule == "steps"
 
     @property
     def total_rounds(self) -> int:

@@ -29,18 +29,20 @@ def run_to_end(launcher: Launched, out, action=lambda: None, timeout: float = 24
         reap_peers(out, grace=5)
 
 
+def kill_server_after(out, version: int) -> None:
+    """SIGKILL the parameter server (the last process in peers.json) once it logged the update to ``version``."""
+    wait_until(lambda: any(e["event"] == "update" and e["version"] >= version
+                           for e in read_events(out / "server.jsonl")), 90, f"the server's update to version {version}")
+    os.kill(json.loads((out / "peers.json").read_text())[-1]["pid"], signal.SIGKILL)
+
+
 def test_a_killed_parameter_server_resumes_from_its_checkpoint(tmp_path):
     out = tmp_path / "run"
     launcher = start_launcher(out, 3, "--mode", "ps-async", "--steps", "300", "--compute-ms", "10",
                               "--checkpoint-every", "20", "--max-restarts", "1", "--round-timeout", "3")
 
-    def fault() -> None:
-        # version 101's event is written only after version 100's checkpoint (the server works in order)
-        wait_until(lambda: any(e["event"] == "update" and e["version"] >= 101
-                               for e in read_events(out / "server.jsonl")), 90, "the server's update to version 101")
-        os.kill(json.loads((out / "peers.json").read_text())[-1]["pid"], signal.SIGKILL)
-
-    stdout, stderr = run_to_end(launcher, out, fault)
+    # version 101's event is written only after version 100's checkpoint (the server works in order)
+    stdout, stderr = run_to_end(launcher, out, lambda: kill_server_after(out, 101))
     assert launcher.returncode == 0, stderr[-3000:]
     assert "server failed (exit -9)" in stderr and "restarted it with --resume (1 of 1)" in stderr
     log = read_events(out / "server.jsonl")
@@ -64,12 +66,7 @@ def test_a_killed_diloco_server_resumes_with_its_outer_momentum(tmp_path):
                               "--steps", "300", "--compute-ms", "10", "--checkpoint-every", "5", "--max-restarts",
                               "1", "--round-timeout", "3")
 
-    def fault() -> None:
-        wait_until(lambda: any(e["event"] == "update" and e["version"] >= 21
-                               for e in read_events(out / "server.jsonl")), 90, "the server's update to version 21")
-        os.kill(json.loads((out / "peers.json").read_text())[-1]["pid"], signal.SIGKILL)
-
-    stdout, stderr = run_to_end(launcher, out, fault)
+    stdout, stderr = run_to_end(launcher, out, lambda: kill_server_after(out, 21))
     assert launcher.returncode == 0, stderr[-3000:]
     assert "restarted it with --resume (1 of 1)" in stderr
     resumed = [e for e in read_events(out / "server.jsonl") if e["event"] == "resume"]

@@ -154,6 +154,10 @@ class Averager(ABC):
         the parameter server said so."""
         return self.local_step >= steps
 
+    def _past_horizon(self) -> bool:
+        """We did every step the run allows any peer (``max_steps``: all of a swarm's budget, alone)."""
+        return bool(self.config.max_steps) and self.local_step >= self.config.max_steps
+
     def schedule_step(self) -> int:
         """Where a learning-rate schedule written over ``--steps`` steps is: at our own step, or in the
         asynchronous gossip mode at the average peer's."""

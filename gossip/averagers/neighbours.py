@@ -44,8 +44,7 @@ class GossipAverager(Averager):
     def done(self, steps: int) -> bool:
         if self.progress is None:
             return super().done(steps)
-        return (self.progress.spent(steps, within=self.speed.step_seconds)
-                or (bool(self.config.max_steps) and self.local_step >= self.config.max_steps))
+        return self.progress.spent(steps, within=self.speed.step_seconds) or self._past_horizon()
 
     def schedule_step(self) -> int:
         return self.local_step if self.progress is None else self.progress.mean_step()

@@ -43,7 +43,8 @@ class QueueMailbox(Mailbox):
 
 class ReplyMailbox(Mailbox):
     """A parameter-server worker's: the newest weights the server sent (as "weights", or as "end" when
-    the run is over), and whether it acknowledged a hello (it is alive and still has our contribution) since we last looked."""
+    the run is over), and whether it acknowledged a hello (it is alive and still has our contribution)
+    since we last looked."""
 
     accepts = frozenset({"hello", "weights", "end"})
 

@@ -16,9 +16,9 @@ leaves must take its gradient with it (``forget``), or it would pull the model f
 Only a server that steps SGD keeps a memory. With AdamW the mean of N gradients, N - 1 of them the same
 as in the previous step, is a steady direction that AdamW's normalisation turns into a full step at every
 arrival, N times a round where a fresh noisy gradient's would partly cancel: on the language model (4
-workers, iid) ps-async ended at 1.455 times ps-sync's loss, against 1.351 with the weights below
-(BENCHMARKS.md). There
-each gradient is weighted rbar / r_i instead (``rates.py``), which at equal speeds is the plain rule.
+workers, iid) ps-async ended at 1.455 times ps-sync's loss, against 1.351 with the weights that an AdamW
+server uses instead (``rates.py``: each gradient weighted rbar / r_i, at equal speeds the plain rule;
+BENCHMARKS.md).
 
 The sum is kept running (a worker's new gradient minus its old one), refreshed from the stored gradients
 every ``REFRESH`` updates so that rounding does not accumulate. The mean is over the workers with a stored

@@ -56,7 +56,7 @@ class ParameterServer:
             server_optimizer(self.config.mode, context.optimizer, self.workers, cfg.coordinator, run_schedule(cfg))
         self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat,
                                            self.optimizer.build(self.task.model.parameters()), self.workers,
-                                           self.optimizer.schedule, cfg.nodes * cfg.steps if cfg.swarm_budget else 0,
+                                           self.optimizer.schedule, cfg.nodes * cfg.steps if self.config.swarm_budget else 0,
                                            memory=self._compensates("sgd"))
         # an AdamW server's rate compensation: each gradient weighted rbar / r_i (rates.py, memory.py say why)
         self.rates = ArrivalRates(self.workers) if self._compensates("adamw") else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from gossip.averagers.base import Averager
-from gossip.config import SWARM_BUDGET_MODES, CoordinatorConfig, GossipConfig
+from gossip.config import CoordinatorConfig, GossipConfig
 from gossip.coordinator.mailboxes import ReplyMailbox
 from gossip.coordinator.modes import SENDS_WEIGHTS
 from gossip.errors import PeerTimeout
@@ -63,8 +63,8 @@ class PSWorker(Averager):
     def done(self, steps: int) -> bool:
         """In the asynchronous modes once the server says the swarm's budget is spent (``core.py``); else
         after our own ``steps``."""
-        if self.config.mode in SWARM_BUDGET_MODES and self.config.schedule == "steps":
-            return self.ended or (bool(self.config.max_steps) and self.local_step >= self.config.max_steps)
+        if self.config.swarm_budget:
+            return self.ended or self._past_horizon()
         return super().done(steps)
 
     def _wait_for_server(self, timeout: float) -> Message:

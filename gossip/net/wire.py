@@ -36,12 +36,13 @@ MAX_INT = 1 << 53  # counters beyond this cannot be real; also keeps floats exac
 # kind -> whether it carries the flat buffers as payload. "params": a peer's weights (gossip, and ps-avg
 # workers); "grad": a parameter-server worker's gradients; "weights": the server's weights for a worker;
 # "bye": a worker or peer that has finished; "end" (asynchronous parameter-server modes): the server's
-# answer to a contribution once the run's budget of gradients is spent, with its weights: stop training. "bye-ack" (gossip-async push-sum): a peer still training
-# answers a finished neighbour's bye: it sends that neighbour nothing more. "welcome": a gossip neighbour
+# answer to a contribution once the run's budget of gradients is spent, with its weights: stop training.
+# "bye-ack" (gossip-async push-sum): a peer still training answers a finished neighbour's bye: it sends
+# that neighbour nothing more. "welcome": a gossip neighbour
 # re-admits a restarted peer, in its round ``round`` at its step ``step``. "delta-f16" and "delta-i8"
 # (compressed gossip, ``--compress``): the sender's compressed change of its public copy (see below).
-KINDS: dict[str, bool] = {"hello": False, "params": True, "grad": True, "weights": True, "end": True, "bye": False,
-                          "bye-ack": False, "welcome": False, "delta-f16": True, "delta-i8": True}
+KINDS: dict[str, bool] = {"hello": False, "params": True, "grad": True, "weights": True, "end": True,
+                          "bye": False, "bye-ack": False, "welcome": False, "delta-f16": True, "delta-i8": True}
 # Compressed payloads follow the same frame plan as the weights; each row of it becomes, for "float16", one
 # frame of float16 values and, for "int8", one frame of int8 values and one of float32 scales, one scale per
 # INT8_BLOCK values (value = int8 * scale). A scale is finite, >= 0 and at most MAX_INT8_SCALE, so that no
