@@ -16,7 +16,8 @@ alike and without a shared clock:
   learn of their end only at its next mixing point, one of its long steps too late).
 - **The rate.** ``rate_factor(seconds, steps)`` is how much progress of ``steps`` own steps made over
   ``seconds`` counts: seconds x R / steps, with R the swarm's mean steps per second per peer over the last
-  ``window`` mixing points (on our own clock, so no common clock is needed). For a peer at a steady rate r_i
+  ``window`` mixing points (on our own clock, so no common clock is needed; a peer first heard of during
+  the window counts from that first news). For a peer at a steady rate r_i
   that is R / r_i = rbar / r_i. Crediting each step with it makes every peer's data move the network's mass
   alike per unit of time (asynchronous gradient push's rate compensation, Assran & Rabbat, 2020), so the
   run minimises the mean of the peers' objectives rather than a mean weighted by their rates. Counting the
@@ -50,6 +51,8 @@ class SwarmProgress:
         self._known = [0] * world_size
         self._lock = threading.Lock()
         self._history: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=window + 1)  # (time, steps known)
+        self._first_news: list[tuple[float, int] | None] = [None] * world_size  # (time, step) first known
+        self._rate: float | None = None  # R as of the last note()
 
     def merge(self, progress: Sequence[int]) -> None:
         """Take the newer of ours and ``progress`` (a header's, validated) for every peer but us."""
@@ -84,21 +87,37 @@ class SwarmProgress:
         return self.total // self.world_size
 
     def note(self, now: float) -> None:
-        """At a mixing point, at ``now`` (seconds on our clock): remember the steps we know of, for the rate."""
+        """At a mixing point, at ``now`` (seconds on our clock): remember the steps we know of, and measure R
+        (``mean_rate``) from them, once here rather than at every step."""
         with self._lock:
-            self._history.append((now, tuple(self._known)))
+            known = tuple(self._known)
+            self._history.append((now, known))
+            for peer, step in enumerate(known):
+                if step > 0 and self._first_news[peer] is None:
+                    self._first_news[peer] = (now, step)
+            self._rate = self._measure(now, known)
 
-    def mean_rate(self) -> float | None:
-        """R, the mean over the peers of their steps per second, over the window (None: not known yet). Only
-        peers we had heard of at the window's start count: the first news of a peer is a jump from 0 to
-        wherever it is, not progress made during the window."""
+    def _measure(self, now: float, known: tuple[int, ...]) -> float | None:
+        """The mean over the peers we know of of their steps per second, each from the window's start or,
+        when we first heard of it later, from that first news (a jump from 0 to wherever the peer was, not
+        progress made in the window)."""
         if len(self._history) < MIN_RATE_POINTS:
             return None
-        (then, before), (now, after) = self._history[0], self._history[-1]
-        grown = [a - b for a, b in zip(after, before) if b > 0]
-        if now <= then or not grown or sum(grown) <= 0:
-            return None
-        return sum(grown) / len(grown) / (now - then)
+        start, at_start = self._history[0]
+        rates = []
+        for peer, step in enumerate(known):
+            first = self._first_news[peer]
+            if first is None:
+                continue
+            then, before = (start, at_start[peer]) if at_start[peer] > 0 else first
+            if now > then:
+                rates.append((step - before) / (now - then))
+        return sum(rates) / len(rates) if rates and sum(rates) > 0 else None
+
+    def mean_rate(self) -> float | None:
+        """R, the mean over the peers of their steps per second over the window, as of the last mixing
+        point (None: not known yet)."""
+        return self._rate
 
     def rate_factor(self, seconds: float, steps: int) -> float:
         """seconds x R / steps (module docstring): 1 for a peer at the swarm's mean rate."""

@@ -52,6 +52,19 @@ def test_a_peer_first_heard_of_during_the_window_does_not_count_as_progress():
     assert progress.mean_rate() == pytest.approx(1.0)
 
 
+def test_peers_first_heard_of_after_the_window_began_count_from_their_first_news():
+    """A slow peer's window never rolls in a short run: the others, unknown at its first mixing point, must
+    still count (else R would be its own rate and its steps would count 1, not rbar / r_i)."""
+    progress = SwarmProgress(2, rank=0)
+    progress.advance(1)
+    progress.note(0.0)  # peer 1 not heard of yet
+    for t in range(1, MIN_RATE_POINTS + 2):  # we step once a second, peer 1 four times a second
+        progress.advance(t + 1)
+        progress.merge([0, 4 * t])
+        progress.note(float(t))
+    assert progress.mean_rate() == pytest.approx((1.0 + 4.0) / 2)
+
+
 def layout() -> Layout:
     return Layout.describe([("w", (4,), "float32")], ["float32"], [4])
 
