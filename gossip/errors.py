@@ -6,6 +6,7 @@
     ├── TaskError                                                          a task that cannot be built or run
     ├── Stopped                                                            SIGINT or SIGTERM asked us to stop
     ├── Diverged                                                           a model went NaN/Inf or blew up
+    ├── PeerFailed                                                         another peer stopped the run
     ├── CheckpointError                                                    a checkpoint not written or not readable
     └── TransportError                                                     the network failed us
         ├── PeerTimeout                                                    a named wait ran out
@@ -49,16 +50,25 @@ class Diverged(GossipError):
     where it was found and what to lower."""
 
 
+class PeerFailed(GossipError):
+    """Another peer stopped on an error and told us why (an "abort" message, or a model layout unlike
+    ours); the message is that reason, which names the peer."""
+
+
 class CheckpointError(GossipError):
     """A checkpoint could not be written or read; the message says which file and why."""
 
 
 class ProtocolError(GossipError):
-    """A message failed validation. ``reason`` is a short machine-readable kind used for drop counts."""
+    """A message failed validation. ``reason`` is a short machine-readable kind used for drop counts;
+    ``sender`` and ``layout``: the rank and the model layout fingerprint the message claims, where the check
+    that failed is that its model's layout is unlike ours."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, sender: int | None = None, layout: str = "") -> None:
         super().__init__(message)
         self.reason = reason
+        self.sender = sender
+        self.layout = layout
 
 
 class TransportError(GossipError):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from gossip.errors import PeerTimeout, ProtocolError, TransportError
+from gossip.errors import PeerFailed, PeerTimeout, ProtocolError, TransportError
 from gossip.net.wire import Header, Layout, Message, decode
 from gossip.progress import SwarmProgress
 from gossip.signals import raise_if_signalled
@@ -36,6 +36,7 @@ class Mailbox:
     """
 
     accepts: frozenset[str] = frozenset({"hello", "params", "welcome"})
+    hears_stops = False  # gossip: a neighbour's "abort", or its layout unlike ours, stops us (``_stops``)
 
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
         self.rank = rank
@@ -59,6 +60,11 @@ class Mailbox:
         self.peer_timeout = 3.0
         self.clock = time.monotonic  # liveness's clock (a test advances its own instead of sleeping)
         self.failure: BaseException | None = None  # the transport's, once one of its tasks died
+        # Peers that stopped the run, and why: their "abort", or their model layout unlike ours. Believed at
+        # once when it came over the connection of the sender's latest accepted message (or with CURVE,
+        # from the sender's key); otherwise (``held_stops``) only while that sender stays silent.
+        self._stops: dict[int, str] = {}
+        self._held_stops: dict[int, tuple[str, float]] = {}  # sender -> (reason, since)
         self._down_since: dict[int, float] = {}  # neighbour -> when our connection to it dropped
         self._restarted: set[int] = set()  # said hello a second time: a new incarnation, not yet re-admitted
         # said hello again while its old connection (or our link to it) was up: since when, the connection
@@ -78,12 +84,23 @@ class Mailbox:
     def deliver(self, authenticated: int | None, frames: Sequence[Any], connection: int | None = None) -> None:
         """The transport's handler: ``authenticated`` is the sender's rank proven by its CURVE key, or None;
         ``connection`` the serial of the inbound connection it came on (None: not known yet)."""
-        message = decode(frames, self.layout, self.world_size)
+        try:
+            message = decode(frames, self.layout, self.world_size)
+        except ProtocolError as exc:
+            if self.hears_stops and exc.reason == "fingerprint" and exc.sender is not None and exc.sender != self.rank \
+                    and authenticated in (None, exc.sender):
+                self._note_stop(exc.sender, f"the peers' models differ: peer {exc.sender}'s has layout {exc.layout}, "
+                                            f"peer {self.rank}'s {self.layout.fingerprint}; every peer must build "
+                                            "the same model", authenticated, connection)
+            raise
         sender = message.header.sender
         if authenticated is not None and authenticated != sender:
             raise ProtocolError("sender-mismatch", f"peer {authenticated} claims to be peer {sender}")
         if sender == self.rank:
             raise ProtocolError("sender", f"a message claims to come from ourselves (peer {sender})")
+        if message.header.kind == "abort" and self.hears_stops:
+            self._note_stop(sender, message.header.reason, authenticated, connection)
+            return
         if message.header.kind not in self.accepts:
             raise ProtocolError("kind", f"a {message.header.kind} message from peer {sender} has no place here")
         self._check_claims(message.header)
@@ -109,8 +126,29 @@ class Mailbox:
             if self.progress is not None and message.header.progress:  # (a bye's too: the end spreads with it)
                 self.progress.merge(message.header.progress)
             self._heard.add(sender)
+            self._held_stops.pop(sender, None)  # it speaks: whoever said it stopped was not it
             if self._blind or not self._waiting or not all(missing() for missing in self._waiting):
                 self._cond.notify_all()
+
+    def _note_stop(self, sender: int, reason: str, authenticated: int | None, connection: int | None) -> None:
+        """``sender`` stopped the run, for ``reason`` (see ``_stops``)."""
+        with self._cond:
+            if authenticated == sender or (connection is not None and self._came_on.get(sender) == connection):
+                self._stops.setdefault(sender, reason)
+            else:
+                self._held_stops.setdefault(sender, (reason, self.clock()))
+            self._cond.notify_all()
+
+    def raise_if_stopped(self, waiting_for: set[int] = frozenset()) -> None:
+        """``PeerFailed`` when a peer stopped the run: a believed stop at once; a held one when we wait for
+        its sender (``waiting_for``), have heard nothing from it since, and ``peer_timeout`` has passed."""
+        with self._cond:
+            if self._stops:
+                raise PeerFailed(next(iter(self._stops.values())))
+            for sender in waiting_for & self._held_stops.keys():
+                reason, since = self._held_stops[sender]
+                if self.clock() - since >= self.peer_timeout:
+                    raise PeerFailed(reason)
 
     def _check_claims(self, header: Header) -> None:
         """Bound every number a header carries by what the run allows, before anything changes."""
@@ -276,6 +314,7 @@ class Mailbox:
         ``Stopped`` for a SIGINT/SIGTERM whose raise was lost (``gossip/signals.py``). A waiter that has not
         ``registered`` its predicate in ``_waiting`` (as ``_wait`` does) is woken by every delivery."""
         self._raise_if_failed()
+        self.raise_if_stopped()
         raise_if_signalled()
         blind = 0 if registered else 1
         self._blind += blind
@@ -295,6 +334,7 @@ class Mailbox:
             self._waiting.append(missing)
             try:
                 while (left := missing()) and (remaining := deadline - time.monotonic()) > 0:
+                    self.raise_if_stopped(left)
                     self._block(min(remaining, 0.5), registered=True)
             finally:
                 self._waiting.remove(missing)

@@ -31,15 +31,16 @@ import numpy as np
 import torch
 
 from gossip import checkpoint
-from gossip.api import attach
+from gossip.api import open_averager
 from gossip.averagers import Averager
 from gossip.config import RunConfig
 from gossip.device import cpu_state, resolve_device
-from gossip.errors import CheckpointError, ConfigError, GossipError, Stopped
+from gossip.errors import CheckpointError, ConfigError, Diverged, GossipError, Stopped
 from gossip.exit import exit_now
+from gossip.flat import FlatParams
 from gossip.metrics import EventLog, finite_or_none
-from gossip.signals import raise_if_signalled, stop_on_signals
 from gossip.optim import run_schedule
+from gossip.signals import raise_if_signalled, stop_on_signals
 from gossip.tasks import Task, build_task, context_for
 
 log = logging.getLogger("gossip.peer")
@@ -134,7 +135,7 @@ def load_checkpoint(out: Path, rank: int, task: Task, events: EventLog, bounds: 
                     ) -> dict:
     """``--resume``: restore the model and optimizer of our newest usable checkpoint into ``task`` (that
     one, else the ``.prev.pt`` before it, each checked before anything is loaded); the counters for
-    ``attach(resume=...)``. ``bounds``: the largest counters this run allows (dotted key -> limit, 0:
+    ``open_averager(resume=...)``. ``bounds``: the largest counters this run allows (dotted key -> limit, 0:
     none). Each file that does not read or fit gives one warning and a ``checkpoint-rejected`` event; with
     no usable checkpoint the peer pulls its neighbours' models instead, as without one."""
     state, used, rejected = checkpoint.restore(checkpoint_path(out, rank),
@@ -170,7 +171,7 @@ def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool =
         bounds = {"counters.step": cfg.gossip.max_steps, "counters.weight": cfg.gossip.max_weight,
                   "counters.rounds": cfg.gossip.max_rounds + 1 if cfg.gossip.max_rounds else 0}
         state = load_checkpoint(out, rank, task, events, bounds) if resume else None
-        averager = attach(task.model, cfg.gossip, coordinator=cfg.coordinator, resume=state)
+        averager = open_averager(FlatParams(task.model, cfg.gossip.chunk_bytes), cfg.gossip, cfg.coordinator, state)
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc))
         raise
@@ -217,6 +218,10 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
                 schedule.apply(task.optimizer, averager.schedule_step() + 1)
             loss = task.train_step()
         computed = time.perf_counter() - begin
+        if loss is not None and not math.isfinite(loss):  # the weights follow at once: stop now, say why
+            lr = f" (now {task.optimizer.param_groups[0]['lr']:g})" if task.optimizer is not None else ""
+            raise Diverged(f"peer {averager.rank} diverged: its training loss is {loss} at step {step}; lower "
+                           f"--lr{lr}")
         pause = emulated + computed * slowdown  # a peer at speed s takes 1/s as long per step
         if pause > 0:
             time.sleep(pause)

@@ -16,6 +16,8 @@ Keys, under the plan's namespace:
     endpoint/R     peer R's announced endpoint (with --secure, and the digest of what it agreed on);
                    ``endpoint/server`` the parameter server's
     read, done     the last reader sets ``done``, and the peer serving the store may then close it
+    abort          set by a peer that cannot go on (its settings differ, its port is taken, ...): one line
+                   naming it and why; every peer still waiting stops with that line at once
 
 Anyone who reaches the store can write to it: a TCPStore has no access control. So:
 
@@ -65,7 +67,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from gossip.errors import ConfigError, PeerTimeout, PeerUnreachable
+from gossip.errors import ConfigError, PeerFailed, PeerTimeout, PeerUnreachable
 from gossip.net.address import is_loopback, split_endpoint
 from gossip.net.security import CurveKeys, key_name, load_keys, shared_secret
 from gossip.rendezvous import Plan
@@ -299,6 +301,16 @@ class StoreRendezvous:
         return Assignment(rank, world_size, tuple(values[str(r)] for r in range(world_size)), values.get("server", ""),
                           run_name)
 
+    def abort(self, reason: str) -> None:
+        """This peer cannot go on: tell every peer still waiting here why (the first reason stays). Best
+        effort: a store that is gone already has nobody waiting on it."""
+        if self.store is None:
+            return
+        try:
+            self._compare_set("abort", " ".join(reason.split())[:400])
+        except (PeerUnreachable, dist.DistError):
+            pass
+
     def close(self) -> None:
         """Drop the store; the peer serving it first waits (briefly) until every peer has read."""
         if self.store is not None and self.plan.host_store and self.joined:
@@ -409,6 +421,10 @@ class StoreRendezvous:
         deadline = self.deadline if limit is None else time.monotonic() + limit
         keys = [self._key(n) for n in names]
         while not self._call(self.store.check, keys):
+            if self._call(self.store.check, [self._key("abort")]):
+                reason = self._get("abort")  # (someone else may have written it: shown whole only if plain)
+                raise PeerFailed(reason if reason.isascii() and reason.isprintable() and len(reason) <= 400
+                                 else shown(reason))
             if time.monotonic() > deadline:
                 missing = [n.split("/")[-1] for n, k in zip(names, keys) if not self._call(self.store.check, [k])]
                 raise PeerTimeout(problem.format(missing=", ".join(missing)) +

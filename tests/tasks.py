@@ -182,3 +182,17 @@ def targets(ctx: TaskContext) -> Task:
 
     return Task(model, lambda: 0.5 * (model.value - own).pow(2).sum(), evaluate,
                 ctx.optimizer.build(model.parameters()))
+
+
+def wider_on_rank_1(ctx: TaskContext) -> Task:
+    """Digits, except that peer 1 builds 32 hidden units where the others build 16: a model that differs."""
+    return make_digits(ctx, hidden=(32,) if ctx.rank == 1 else (16,))
+
+
+def diverges_on_rank_2(ctx: TaskContext) -> Task:
+    """Digits, except that peer 2 trains with a learning rate 1e8 times the others': only its weights blow up."""
+    task = make_digits(ctx)
+    if ctx.rank == 2:
+        for group in task.optimizer.param_groups:
+            group["lr"] *= 1e8
+    return task

@@ -31,18 +31,24 @@ from typing import Any
 
 from gossip.config import GossipConfig
 from gossip.connect import build_transport
+from gossip.errors import Diverged, GossipError, PeerFailed
 from gossip.flat import FlatParams
+from gossip.health import model_problem
 from gossip.mailbox import Mailbox
 from gossip.metrics import SpeedMeter
+from gossip.naming import as_keywords
+from gossip.net.wire import abort_header, encode
 from gossip.progress import SwarmProgress
 
 log = logging.getLogger("gossip.averager")
+ABORT_FLUSH_SECONDS = 1.0  # how long a peer that stops the run waits for its "abort" to leave
 
 
 class Averager(ABC):
     """Averages one model's flat parameters with neighbours; use as a context manager or ``close()``."""
 
     sends_gradients = False  # True for parameter-server workers that send gradients instead of stepping
+    keyword_errors = False  # errors name ``attach``'s keyword arguments instead of flags (``gossip/naming.py``)
     progress: SwarmProgress | None = None  # gossip-async: the swarm's steps as we know them (gossip/progress.py)
 
     def __init__(self, flat: FlatParams, config: GossipConfig) -> None:
@@ -67,6 +73,7 @@ class Averager(ABC):
             self.mailbox.max_weight = config.max_weight
         self.transport = build_transport(config, self.rank, self.flat.layout, self.mailbox)
         self._closed = False
+        self.aborted = ""  # the reason we told the others the run stops for (``abort``)
 
     @abstractmethod
     def _make_mailbox(self) -> Mailbox: ...
@@ -99,6 +106,20 @@ class Averager(ABC):
         ``resume`` (a restarted peer, ``--resume``): the counters of its checkpoint (``step``, ``rounds``,
         ``samples``, ``weight``; empty when it has none) and whether its model came from one (``found``);
         it then rejoins the others where they are (``_rejoin``) instead of starting with them."""
+        try:
+            self._open(resume)
+        except BaseException as exc:  # nothing stays bound or running: the caller may try again
+            if isinstance(exc, GossipError):
+                self._spell(exc)
+                if not isinstance(exc, PeerFailed):
+                    self.abort(f"peer {self.rank} could not start: {exc}")
+            self.close(finish=False)
+            raise
+        # schedule "time" counts rounds from here (a rejoined peer from the round it rejoined in)
+        self._anchor = self._round_began = time.monotonic() - self.mixing_points * self.config.round_seconds
+        return self
+
+    def _open(self, resume: dict[str, Any] | None) -> None:
         if resume is not None:
             self._prepare_rejoin()
         self.transport.start()
@@ -112,9 +133,6 @@ class Averager(ABC):
             self.samples = int(resume.get("samples", 0))
             self._mixed_at = (self.local_step, self.samples)
             self._rejoin(found=bool(resume.get("found")), weight=float(resume.get("weight", 1.0)))
-        # schedule "time" counts rounds from here (a rejoined peer from the round it rejoined in)
-        self._anchor = self._round_began = time.monotonic() - self.mixing_points * self.config.round_seconds
-        return self
 
     def _prepare_rejoin(self) -> None:
         """Before the sockets open, when restarted: what the mailbox must know before anything arrives."""
@@ -138,8 +156,15 @@ class Averager(ABC):
         if self.progress is not None:
             self.progress.note(time.monotonic())
         waited = self.wait_seconds
-        if self.config.world_size > 1 or self.config.parameter_server:  # alone, a mixing point only counts
-            self._gossip()
+        try:
+            self._check_health()
+            if self.config.world_size > 1 or self.config.parameter_server:  # alone, a mixing point only counts
+                self._gossip()
+        except GossipError as exc:
+            self._spell(exc)
+            if isinstance(exc, (Diverged, PeerFailed)):  # the run cannot go on: the others learn why at once
+                self.abort(str(exc))
+            raise
         # Time spent waiting shifts our rounds instead of shortening the next one: a neighbour whose rounds
         # started later (start-up order, or it was held up) is then in phase with us from the next round on.
         self._anchor += self.wait_seconds - waited
@@ -147,6 +172,37 @@ class Averager(ABC):
         self._mixed_at = (self.local_step, self.samples)
         self._round_began = time.monotonic()
         return True
+
+    def _spell(self, exc: GossipError) -> None:
+        """Make ``exc`` name what our user typed: ``attach``'s keyword arguments, or the launcher's flags."""
+        if self.keyword_errors:
+            exc.args = (as_keywords(str(exc)),)
+
+    def _check_health(self) -> None:
+        """At a mixing point, before anything is sent: are our own weights still a model (one dot product
+        per flat buffer, ``gossip/health.py``), and has another peer stopped the run?"""
+        problem = model_problem(self.flat.segments)
+        if problem is not None:
+            raise Diverged(f"peer {self.rank} diverged: {problem} after step {self.local_step}; lower the "
+                           "learning rate")
+        self.mailbox.raise_if_stopped()
+
+    def abort(self, reason: str) -> None:
+        """Tell the peers we exchange with that the run stops, and why (``reason``: one line naming the peer
+        at fault), so that they stop at once with it instead of timing out. Once; best effort."""
+        if self.aborted or self._closed or not self.transport.started:
+            return
+        self.aborted = reason
+        dests = self._abort_peers()
+        if dests:
+            try:
+                self.transport.post(dests, encode(abort_header(self.rank, reason)), latest_only=True, timeout=1.0)
+            except GossipError:
+                pass
+
+    def _abort_peers(self) -> list[int]:
+        """Whom ``abort`` tells: none here (the gossip averagers tell their neighbours)."""
+        return []
 
     def done(self, steps: int) -> bool:
         """Whether a run of ``steps`` local steps per peer is over for us: by default once we did them; in the
@@ -177,12 +233,16 @@ class Averager(ABC):
             if finish:
                 self._finish()
         finally:
-            self.transport.close(flush_timeout=self._close_flush_seconds() if finish else 0.0)
+            flush = self._close_flush_seconds() if finish else min(ABORT_FLUSH_SECONDS, self.config.shutdown_timeout) \
+                if self.aborted else 0.0
+            self.transport.close(flush_timeout=flush)
 
     def __enter__(self) -> Averager:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, *rest: object) -> None:
+        if isinstance(exc, (Diverged, PeerFailed)):  # raised in the loop (e.g. a loss gone NaN): tell the others
+            self.abort(str(exc))
         self.close(finish=exc_type is None)
 
     def statistics(self) -> dict[str, Any]:

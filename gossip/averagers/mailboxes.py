@@ -38,6 +38,8 @@ class Received:
 class RoundMailbox(Mailbox):
     """Synchronous gossip: one message per (round, sender), for rounds in [current, current + window]."""
 
+    hears_stops = True
+
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects, window: int) -> None:
         super().__init__(rank, world_size, layout, expects)
         self.window = window
@@ -132,6 +134,8 @@ class MassMailbox(Mailbox):
     stays bounded however far ahead or behind a sender runs, and the merging (whole-model work) happens on
     the loop thread only for a sender that far ahead. A message without mass is not held."""
 
+    hears_stops = True
+
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects, share: Share) -> None:
         super().__init__(rank, world_size, layout, expects)
         self.share = share
@@ -174,7 +178,8 @@ class MassMailbox(Mailbox):
                 open_deadlines = [deadlines[j] for j in late if deadlines[j] > now]
                 if not open_deadlines:
                     return late
-                self._block(min(open_deadlines) - now)
+                self.raise_if_stopped(late)
+                self._block(min(min(open_deadlines) - now, 0.5))
 
     def wait_counts(self, expected: dict[int, int], idle_timeout: float) -> None:
         """Wait until ``expected[j]`` messages came from each j (see ``_wait_progress``)."""
@@ -195,6 +200,7 @@ class MassMailbox(Mailbox):
                 elif now - last_change >= idle_timeout:
                     raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {ranks_text(left)} for "
                                       f"{idle_timeout:g} s while waiting for their last messages (--round-timeout)")
+                self.raise_if_stopped(left)
                 self._block(min(0.5, idle_timeout - (now - last_change)))
 
     def take_all(self) -> dict[int, Mass]:
@@ -282,6 +288,8 @@ class LatestMailbox(Mailbox):
     A sender that finishes says "bye" with the step of its last snapshot: when that is the snapshot held,
     its staleness stops growing (``Received.staleness``), and the sender, whose connection then drops, is
     finished rather than dead, so its last model stays in the mix of a peer that is still training."""
+
+    hears_stops = True
 
     accepts = frozenset({"hello", "params", "welcome", "bye"})
 

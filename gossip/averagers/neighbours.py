@@ -105,6 +105,9 @@ class GossipAverager(Averager):
                  "" if found else "; took their mean model (no checkpoint)")
         return first
 
+    def _abort_peers(self) -> list[int]:
+        return [peer for peer in self._rejoin_peers() if peer not in self.dead] if self.config.world_size > 1 else []
+
     def _rejoin_peers(self) -> tuple[int, ...]:
         if self.topology.time_varying:  # anyone may be our neighbour in some round
             return tuple(r for r in range(self.config.world_size) if r != self.rank)

@@ -177,6 +177,11 @@ class Transport:
         self._thread.start()
         self._thread.run(self._open(), timeout, f"binding {self.bind_endpoint}")
 
+    @property
+    def started(self) -> bool:
+        """Whether ``start`` ran and ``close`` has not: messages can be posted (even where the bind failed)."""
+        return self._context is not None
+
     async def _open(self) -> None:
         self._context = zmq.asyncio.Context()
         router = self._socket(zmq.ROUTER, "listen")

@@ -41,8 +41,12 @@ MAX_INT = 1 << 53  # counters beyond this cannot be real; also keeps floats exac
 # that neighbour nothing more. "welcome": a gossip neighbour
 # re-admits a restarted peer, in its round ``round`` at its step ``step``. "delta-f16" and "delta-i8"
 # (compressed gossip, ``--compress``): the sender's compressed change of its public copy (see below).
+# "abort": the sender stopped on an error and the run cannot go on; ``reason`` says why in one line (its
+# own, or the one it was told by the peer that failed first).
 KINDS: dict[str, bool] = {"hello": False, "params": True, "grad": True, "weights": True, "end": True,
-                          "bye": False, "bye-ack": False, "welcome": False, "delta-f16": True, "delta-i8": True}
+                          "bye": False, "bye-ack": False, "welcome": False, "delta-f16": True, "delta-i8": True,
+                          "abort": False}
+MAX_REASON_CHARS = 240
 # Compressed payloads follow the same frame plan as the weights; each row of it becomes, for "float16", one
 # frame of float16 values and, for "int8", one frame of int8 values and one of float32 scales, one scale per
 # INT8_BLOCK values (value = int8 * scale). A scale is finite, >= 0 and at most MAX_INT8_SCALE, so that no
@@ -112,6 +116,7 @@ class Header:
     chunk_bytes: int = 0
     # gossip-async: the latest step of every peer that the sender knows of (its own is ``step``), empty elsewhere
     progress: tuple[int, ...] = ()
+    reason: str = ""  # "abort" only: why the run stops, printable text of at most MAX_REASON_CHARS
 
     @property
     def version(self) -> int:
@@ -123,7 +128,7 @@ class Header:
             "v": PROTOCOL_VERSION, "k": self.kind, "r": self.sender, "round": self.round, "step": self.step,
             "n": self.samples, "sp": float(self.speed), "st": float(self.step_seconds), "w": float(self.weight),
             "fp": self.fingerprint, "seg": [list(s) for s in self.segments], "ch": self.chunk_bytes,
-            "pg": list(self.progress),
+            "pg": list(self.progress), **({"why": self.reason} if self.reason else {}),
         })
 
 
@@ -139,6 +144,13 @@ class Message:
 def encode(header: Header, chunks: Sequence[torch.Tensor] = ()) -> list[Any]:
     """Frames for ``send_multipart(copy=False)``: the packed header, then each chunk's bytes, uncopied."""
     return [header.pack(), *(_byte_view(chunk) for chunk in chunks)]
+
+
+def abort_header(sender: int, reason: str) -> Header:
+    """An "abort" with ``reason`` made fit for the wire: ASCII, one line, at most MAX_REASON_CHARS."""
+    text = " ".join(reason.encode("ascii", "replace").decode().split())
+    text = text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS - 3] + "..."
+    return Header(kind="abort", sender=sender, reason=text or "no reason given")
 
 
 def params_header(kind: str, sender: int, layout: Layout, chunk_bytes: int, **fields: Any) -> Header:
@@ -242,16 +254,22 @@ def _decode_header(raw: bytes, world_size: int) -> Header:
         raise ProtocolError("progress", f"peer {obj['r']} reports the steps of {len(progress)} peers, its own as "
                                         f"{progress[obj['r']] if obj['r'] < len(progress) else None} in a message "
                                         f"of its step {obj['step']}; the run has {world_size} peers")
+    reason = obj.get("why", "")
+    if not (isinstance(reason, str) and len(reason) <= MAX_REASON_CHARS and reason.isprintable()):
+        raise ProtocolError("field", "header field 'why' is not a line of printable text")
+    if bool(reason) != (kind == "abort"):
+        raise ProtocolError("field", f"a {kind} message {'carries' if reason else 'lacks'} a reason")
     return Header(kind=kind, sender=obj["r"], round=obj["round"], step=obj["step"], samples=obj["n"],
                   speed=obj["sp"], step_seconds=obj["st"], weight=obj["w"], fingerprint=fingerprint,
                   segments=tuple((s[0], s[1]) for s in segments), chunk_bytes=chunk_bytes,
-                  progress=tuple(progress))
+                  progress=tuple(progress), reason=reason)
 
 
 def _check_layout(header: Header, layout: Layout, frame_count: int) -> list[tuple[int, int, int]]:
     if header.fingerprint != layout.fingerprint:
         raise ProtocolError("fingerprint", f"peer {header.sender} has model layout {header.fingerprint}, "
-                                           f"ours is {layout.fingerprint}; every peer must build the same model")
+                                           f"ours is {layout.fingerprint}; every peer must build the same model",
+                            sender=header.sender, layout=header.fingerprint)
     for dtype, _ in header.segments:
         if dtype not in DTYPES:
             raise ProtocolError("dtype", f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
