@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gossip.config import GossipConfig
-from gossip.errors import ConfigError, GossipError, PeerUnreachable
+from gossip.errors import ConfigError, PeerUnreachable
 from gossip.net.address import bindable
 from gossip.net.wire import Layout
 from gossip.rendezvous import Plan, read_environment
@@ -76,7 +76,7 @@ def _meet(config: GossipConfig, plan: Plan, layout: Layout) -> GossipConfig:
         assignment = meeting.join(lambda rank: f"tcp://{announce}:{config.base_port + rank}",
                                   {**settings, "model_layout": layout.fingerprint}, plan.world_size, plan.rank,
                                   server=False, parameter_server=config.parameter_server)
-    except GossipError as exc:
+    except PeerUnreachable as exc:  # (``join`` tells the others of its own failures)
         meeting.abort(f"peer {plan.rank} could not join: {exc}")
         raise
     finally:

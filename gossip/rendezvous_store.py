@@ -78,6 +78,10 @@ MAX_WORLD_SIZE = 1 << 16
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
 
 
+class SwarmFull(ConfigError):
+    """Every rank is taken: this peer is not one the swarm waits for."""
+
+
 @dataclass(frozen=True)
 class Assignment:
     rank: int | None  # None for the parameter server
@@ -246,7 +250,19 @@ class StoreRendezvous:
              rank: int | None, server: bool, parameter_server: bool, run_name: str = "") -> Assignment:
         """Agree on the world size, run flags and run name, take a rank, publish ``endpoint_of(rank)`` (the
         server's rank: the world size, known only now to a server that joins without one), and read
-        everyone's endpoint. This peer's own endpoint in the result is the one it announced."""
+        everyone's endpoint. This peer's own endpoint in the result is the one it announced. A peer that
+        cannot join says why in the store (``abort``), and the others stop with its reason."""
+        try:
+            return self._join(endpoint_of, run, world_size, rank, server, parameter_server, run_name)
+        except (ConfigError, PeerTimeout) as exc:
+            if isinstance(exc, SwarmFull):  # a peer the swarm never counted on: the others go on without it
+                raise
+            who = "the server" if server else f"peer {rank}" if rank is not None else "a peer without a rank"
+            self.abort(f"{who} could not join: {exc}")
+            raise
+
+    def _join(self, endpoint_of: Callable[[int], str], run: dict[str, Any], world_size: int | None,
+              rank: int | None, server: bool, parameter_server: bool, run_name: str) -> Assignment:
         if world_size is None:  # a joiner: the world size comes from a peer that published its flags first
             world_size = self._agree_world_size(world_size)
             held_run = self._agree_run(run)
@@ -377,7 +393,7 @@ class StoreRendezvous:
         while (candidate := self._add("next", 1) - 1) < world_size:
             if self._compare_set(f"rank/{candidate}", token) == token:
                 return candidate
-        raise ConfigError(f"the swarm already has its {world_size} peers; this one is one too many (a swarm "
+        raise SwarmFull(f"the swarm already has its {world_size} peers; this one is one too many (a swarm "
                           "takes peers only while it forms)")
 
     def _nonces(self, me: str, names: list[str]) -> dict[str, str]:

@@ -25,7 +25,7 @@ import zmq
 import zmq.utils.z85
 from torch.distributed import TCPStore
 
-from gossip.errors import ConfigError, PeerTimeout
+from gossip.errors import ConfigError, PeerFailed, PeerTimeout
 from gossip.net.security import CurveKeys, generate_keys, load_keys, shared_secret
 from gossip.rendezvous import Plan
 from gossip.rendezvous_store import Assignment, StoreRendezvous, Tags, announce_address, check_run_name, shown
@@ -126,8 +126,10 @@ def test_different_run_flags_are_refused_by_name(served):
         hosted = pool.submit(meet, served.plan(space, 0, 2, "first peer"), timeout=1.5)
         refused = pool.submit(meet, served.plan(space), run={"task": "digits", "steps": 200})
         assert "steps 200 here, 300 there" in str(refused.exception())
-        assert isinstance(hosted.exception(), PeerTimeout)
-        assert "peer(s) 1 did not check in within 1.5 s (--rendezvous-timeout)" in str(hosted.exception())
+        # the peer that found the difference told the store why: the first stops with that, not a timeout
+        assert isinstance(hosted.exception(), PeerFailed)
+        assert str(hosted.exception()).startswith("a peer without a rank could not join: this peer's run flags "
+                                                  "differ from the swarm's (steps 200 here, 300 there)")
 
 
 def test_one_peer_too_many_is_told_so(served):
@@ -146,7 +148,7 @@ def test_two_peers_with_the_same_rank_and_a_disagreeing_world_size(served):
         futures = [pool.submit(meet, served.plan(space), rank=0), pool.submit(meet, served.plan(space, 2, 5))]
         assert "rank 0 is already taken" in str(futures[0].exception())
         assert "started for a world of 5, the swarm has 3" in str(futures[1].exception())
-        assert isinstance(first.exception(), PeerTimeout)
+        assert isinstance(first.exception(), PeerFailed)  # told by whichever of the two failed first
 
 
 def test_nobody_at_the_initial_peer_is_a_clear_timeout():
@@ -168,7 +170,8 @@ def test_a_rank_beyond_the_swarm_is_refused(served):
         hosted = pool.submit(meet, served.plan(space, 0, 2, "first peer"), timeout=1.5)
         with pytest.raises(ConfigError, match="rank 5 is outside 0..1: the swarm has 2 peers"):
             pool.submit(meet, served.plan(space, 5)).result()
-        assert isinstance(hosted.exception(), PeerTimeout)
+        assert isinstance(hosted.exception(), PeerFailed)  # started for this swarm, so it is told why
+        assert str(hosted.exception()) == "peer 5 could not join: rank 5 is outside 0..1: the swarm has 2 peers"
 
 
 # -- someone else at the store -------------------------------------------------------------------------
