@@ -107,8 +107,7 @@ def save_checkpoint(out: Path, task: Task, averager: Averager, events: EventLog)
     the run's health check's to fail)."""
     state = {"model": cpu_state(task.model),
              "optimizer": task.optimizer.state_dict() if task.optimizer is not None else None,
-             "counters": {"step": averager.local_step, "rounds": averager.rounds, "samples": averager.samples,
-                          "weight": float(getattr(averager, "weight", 1.0))}}
+             "counters": {k: v for k, v in averager.state_dict().items() if k != "found"}}
     path = checkpoint_path(out, averager.rank)
     reason = checkpoint.refusal(state, COUNTERS)
     if reason is not None:

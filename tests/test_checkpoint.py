@@ -111,7 +111,10 @@ def trained(steps: int = 3) -> Task:
 
 def averager(step: int, weight: float = 1.0, rank: int = 0) -> SimpleNamespace:
     """What ``save_checkpoint`` reads of an averager."""
-    return SimpleNamespace(rank=rank, local_step=step, rounds=step, samples=32 * step, weight=weight)
+    fake = SimpleNamespace(rank=rank, local_step=step, rounds=step, samples=32 * step, weight=weight)
+    fake.state_dict = lambda: {"step": fake.local_step, "rounds": fake.rounds, "samples": fake.samples,
+                               "weight": fake.weight, "found": True}
+    return fake
 
 
 def read_events(path: Path) -> list[dict]:

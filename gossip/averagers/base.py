@@ -23,6 +23,7 @@ parameter-server worker builds on ``Averager`` directly.
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import sys
 import time
@@ -31,7 +32,7 @@ from typing import Any
 
 from gossip.config import GossipConfig
 from gossip.connect import build_transport
-from gossip.errors import Diverged, GossipError, PeerFailed
+from gossip.errors import ConfigError, Diverged, GossipError, PeerFailed
 from gossip.flat import FlatParams
 from gossip.health import model_problem
 from gossip.mailbox import Mailbox
@@ -119,8 +120,16 @@ class Averager(ABC):
         self._anchor = self._round_began = time.monotonic() - self.mixing_points * self.config.round_seconds
         return self
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint of this peer holds besides the model and the optimizer: its counters and its
+        push-sum weight. Save it beside them; pass it back as ``attach(..., resume=state)`` (or ``start``)
+        and the restarted peer rejoins the others where they are, with this weight."""
+        return {"step": self.local_step, "rounds": self.rounds, "samples": self.samples,
+                "weight": float(getattr(self, "weight", 1.0)), "found": True}
+
     def _open(self, resume: dict[str, Any] | None) -> None:
         if resume is not None:
+            check_resume(resume)
             self._prepare_rejoin()
         self.transport.start()
         if resume is None:
@@ -261,6 +270,22 @@ class Averager(ABC):
 
     def _timed_wait(self) -> _Timer:
         return _Timer(self, "wait_seconds")
+
+
+def check_resume(resume: Any) -> None:
+    """``ConfigError`` unless ``resume`` is what ``state_dict`` returns (or ``{"found": False}``: a peer
+    restarted without a checkpoint, which takes its neighbours' mean model)."""
+    if not isinstance(resume, dict):
+        raise ConfigError(f"resume must be a dict from averager.state_dict(), got {type(resume).__name__}")
+    for key in ("step", "rounds", "samples"):
+        value = resume.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"resume[{key!r}] is {value!r}, not a count >= 0; pass what averager.state_dict() "
+                              "returned")
+    weight = resume.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+        raise ConfigError(f"resume['weight'] is {weight!r}, not a push-sum weight > 0; pass what "
+                          "averager.state_dict() returned")
 
 
 def max_rss_mb() -> float:
