@@ -5,17 +5,18 @@ Start it with torchrun, one process per peer, on one machine:
 
     torchrun --standalone --nproc-per-node 4 examples/charlm_torchrun.py
 
-torchrun sets RANK and WORLD_SIZE; each peer listens on 127.0.0.1:(--base-port + rank) and averages its
-weights with its ring neighbours after every step. (For peers on several machines, let ``gossip-peer``
-find the endpoints: see the README's "Many machines".) The model and the data are the built-in charlm
-task's pieces; put your own model and Dataset in their place.
+``gossip.attach`` takes the rank and world size from torchrun's variables and meets the other processes
+through torchrun's store, so the same script runs on several machines (``torchrun --nnodes 2 ...
+--rdzv-backend c10d --rdzv-endpoint HOST:29400``) without a list of endpoints: each peer listens on
+(--base-port + rank) at the address it reaches the store from, and averages its weights with its ring
+neighbours after every step. The model and the data are the built-in charlm task's pieces; put your own
+model and Dataset in their place.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -54,8 +55,11 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--base-port", type=int, default=47000)
     args = parser.parse_args()
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(1)  # N peers on one machine must not oversubscribe its cores
+    torch.manual_seed(0)  # the same initial weights on every peer
+    model = CharTransformer(context=args.context)
+    averager = gossip.attach(model, base_port=args.base_port)  ###
+    rank, world_size = averager.rank, averager.config.world_size
 
     corpus = read_corpus()
     cut = windows(corpus, args.context)
@@ -63,11 +67,8 @@ def main() -> None:
     mine = torch.from_numpy(cut.train[rank::world_size])  # this peer's shard
     loader = DataLoader(Windows(text, mine, args.context + 1), batch_size=args.batch_size, shuffle=True,
                         generator=torch.Generator().manual_seed(rank), drop_last=True)
-    torch.manual_seed(0)  # the same initial weights on every peer
-    model = CharTransformer(context=args.context)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.steps // 20, args.steps))
-    averager = gossip.attach(model, rank=rank, world_size=world_size, base_port=args.base_port)  ###
 
     step = 0
     with averager:

@@ -10,7 +10,6 @@ returned to the kernel when the heap top is trimmed, and each new block costs a 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import sys
 
@@ -27,8 +26,8 @@ def keep_freed_memory() -> None:
         return
     _applied = True
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        # the process's own symbols, libc's among them (find_library would run ldconfig: a process per start)
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return
     for option, value in ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 2 << 30), (_M_TOP_PAD, 256 << 20)):

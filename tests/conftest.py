@@ -231,3 +231,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "launch_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_process(request, monkeypatch):
+    """A test without the slow marker may not start a process (the quick subset, ``-m "not slow"``, runs
+    none): every way this interpreter starts one raises, naming the marker to add."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
+
+    import subprocess
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)

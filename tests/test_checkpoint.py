@@ -63,6 +63,7 @@ def test_killing_a_writer_mid_write_leaves_a_loadable_checkpoint(tmp_path):
     assert set(leftovers) <= {".checkpoint.pt.tmp", "checkpoint.prev.pt"}  # the torn temporary is never read
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()

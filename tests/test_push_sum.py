@@ -36,6 +36,7 @@ def test_a_contribution_counts_in_proportion_to_its_samples(weight_by, expected_
         torch.testing.assert_close(result, torch.full((6,), expected, dtype=torch.float64), rtol=0, atol=1e-14)
 
 
+@pytest.mark.slow
 def test_adaptive_deadlines_do_not_wait_for_a_slow_peer_and_keep_the_weighted_mean():
     eps = endpoints(4)
     start = torch.randn(4, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(5))

@@ -31,7 +31,7 @@ from gossip.rendezvous import Plan
 from gossip.rendezvous_store import Assignment, StoreRendezvous, Tags, announce_address, check_run_name, shown
 from tests.conftest import free_base_port, wait_until
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # a child process serves the store
 RUN = {"task": "digits", "steps": 300}
 SERVE = """import os, socket, sys, torch.distributed as dist
 listener = socket.socket()

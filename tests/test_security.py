@@ -36,6 +36,7 @@ def endpoints(count: int) -> tuple[str, ...]:
     return tuple(f"tcp://127.0.0.1:{base + r}" for r in range(count))
 
 
+@pytest.mark.slow
 def test_gossip_keys_command_writes_public_and_private_keys(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gossip.net.security", str(tmp_path / "k"), "--nodes", "2",
                            "--server"],
@@ -152,6 +153,7 @@ def test_a_key_that_is_no_rank_of_the_run_is_refused_at_the_handshake(keydir, tm
         transport.close(0)
 
 
+@pytest.mark.slow
 def test_no_peer_talks_to_an_impostor_on_its_neighbours_address(keydir, tmp_path):
     eps = endpoints(3)
     public, secret = stranger_keys(tmp_path / "impostor")

@@ -107,6 +107,7 @@ def test_posts_arrive_whole_and_in_order_whether_or_not_they_wait_for_room():
         receiver.close()
 
 
+@pytest.mark.slow
 def test_posts_to_a_neighbour_that_reads_nothing_stop_at_the_queue_depth():
     """However posts reach the queue (at once or by waiting for room), it never holds more than
     ``queue_depth`` messages: three more places let exactly three more posts through before one times out."""
@@ -223,6 +224,7 @@ def test_sync_gossip_without_overlap_mixes_each_round_in_place():
     assert all(stats["relocated"] == 0 for _, stats in results)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ipc", [True, False])
 def test_without_overlap_weights_still_being_sent_are_not_changed(ipc):
     """--no-overlap, 2 peers: "peer 1" is a bare socket that sends its hello and its weights for rounds 0 and
@@ -291,6 +293,7 @@ def test_a_tracked_send_is_delivered_only_once_zeromq_lets_go():
         receiver.close()
 
 
+@pytest.mark.slow
 def test_a_silent_neighbour_times_out_with_its_rank_named():
     eps = endpoints(2)
     model = vector_model(torch.zeros(4))
@@ -303,6 +306,7 @@ def test_a_silent_neighbour_times_out_with_its_rank_named():
         mute.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("leaves", ["dies", "finishes"])
 def test_async_gossip_never_waits_for_a_neighbour_that_left(leaves):
     """Peer 1 starts, mixes once and leaves (its hello must still get through); peer 0 keeps stepping
@@ -342,6 +346,7 @@ def test_async_gossip_never_waits_for_a_neighbour_that_left(leaves):
         assert stats["dead_neighbours"] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ipc", [True, False])
 def test_a_link_is_reported_up_however_late_the_monitor_starts(monkeypatch, ipc):
     """The monitor of a connection to a neighbour is attached before the connect: a handshake completed
@@ -390,6 +395,7 @@ transport.close()
 """
 
 
+@pytest.mark.slow
 def test_a_burst_with_a_ping_then_a_reset_does_not_abort_the_receiver():
     # libzmq 4.3.5 aborted the process here (its high-water mark stopped the connection with the PING
     # unread; the reset failed it; our next read resumed it and answered the PING): the receiver runs in
@@ -437,6 +443,7 @@ transport.close(flush_timeout=0)
 """
 
 
+@pytest.mark.slow
 def test_an_impostor_that_floods_a_dealer_and_resets_does_not_abort_the_sender():
     # whoever listens at a neighbour's address (without --secure) can send to our DEALER, which never reads:
     # with a receive high-water mark libzmq 4.3.5 aborted at the next heartbeat after such a reset
@@ -449,6 +456,7 @@ def test_an_impostor_that_floods_a_dealer_and_resets_does_not_abort_the_sender()
     assert sender.returncode == 0 and stdout.strip() == "alive", stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_an_impostor_that_streams_to_a_dealer_is_cut_off():
     # a neighbour's ROUTER sends our DEALER ZMTP commands only; whoever listens at its address in its place
     # (without --secure) and streams messages would grow our memory while the DEALER never reads them
