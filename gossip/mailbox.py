@@ -62,7 +62,8 @@ class Mailbox:
         self.failure: BaseException | None = None  # the transport's, once one of its tasks died
         # Peers that stopped the run, and why: their "abort", or their model layout unlike ours. Believed at
         # once when it came over the connection of the sender's latest accepted message (or with CURVE,
-        # from the sender's key); otherwise (``held_stops``) only while that sender stays silent.
+        # from the sender's key); otherwise (``held_stops``) only while that sender stays silent and
+        # unlinked (``raise_if_stopped``).
         self._stops: dict[int, str] = {}
         self._held_stops: dict[int, tuple[str, float]] = {}  # sender -> (reason, since)
         self._down_since: dict[int, float] = {}  # neighbour -> when our connection to it dropped
@@ -141,13 +142,16 @@ class Mailbox:
 
     def raise_if_stopped(self, waiting_for: set[int] = frozenset()) -> None:
         """``PeerFailed`` when a peer stopped the run: a believed stop at once; a held one when we wait for
-        its sender (``waiting_for``), have heard nothing from it since, and ``peer_timeout`` has passed."""
+        its sender (``waiting_for``), have heard nothing from it since, have no live link to it (a peer that
+        could not even listen never completes a handshake; one that is up was named by someone else), and
+        ``peer_timeout`` has passed."""
         with self._cond:
             if self._stops:
                 raise PeerFailed(next(iter(self._stops.values())))
             for sender in waiting_for & self._held_stops.keys():
                 reason, since = self._held_stops[sender]
-                if self.clock() - since >= self.peer_timeout:
+                linked = sender in self._up and sender not in self._down_since
+                if not linked and self.clock() - since >= self.peer_timeout:
                     raise PeerFailed(reason)
 
     def _check_claims(self, header: Header) -> None:

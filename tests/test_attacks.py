@@ -86,6 +86,8 @@ def test_a_stranger_changes_nothing_in_a_sync_run(tmp_path):
             forged(layout, "hello", 1),  # "I restarted": peer 1 is alive and its link never dropped
             forged(layout, "welcome", 3, round=10, step=10),  # peer 0 is not rejoining
             forged(layout, "bye", 1),  # gossip-sync has no bye
+            forged(layout, "abort", 1, why="peer 1 diverged (forged)"),  # not over peer 1's own connection
+            forged(layout, "params", 3, round=10, fp="0123456789abcdef"),  # "peer 3's model differs"
         )
         assert stranger.endless_message(frame_bytes=32 << 10, frames=20_000)  # 640 MiB in one message: cut
         assert stranger.endless_message(frame_bytes=1 << 20, frames=64)  # larger frames than this model has

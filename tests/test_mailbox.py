@@ -11,9 +11,9 @@ import torch
 
 from gossip.averagers.mailboxes import LatestMailbox, MassMailbox, PushSumMailbox
 from gossip.coordinator.mailboxes import PER_WORKER, QueueMailbox
-from gossip.errors import ProtocolError
+from gossip.errors import PeerFailed, ProtocolError
 from gossip.mailbox import CONFIRM_SECONDS
-from gossip.net.wire import Header, Layout, encode, params_header
+from gossip.net.wire import MAX_REASON_CHARS, Header, Layout, abort_header, encode, params_header
 from tests.conftest import wait_until
 
 CHUNK = 256
@@ -289,3 +289,58 @@ def test_a_delivery_wakes_a_waiter_without_a_predicate_even_when_a_predicate_wai
     box.deliver(None, encode(Header(kind="hello", sender=3)))
     hellos.join(10)
     assert not hellos.is_alive() and outcome["hellos"] is None
+
+
+def abort(sender: int, reason: str) -> list:
+    return encode(abort_header(sender, reason))
+
+
+def test_an_abort_over_the_senders_own_connection_stops_us_at_once_with_its_reason():
+    box = mailbox()
+    box.deliver(None, params(1, 3), connection=7)
+    box.deliver(None, abort(1, "peer 1 diverged: its weights hold NaN or Inf after step 4; lower the learning rate"),
+                connection=7)
+    with pytest.raises(PeerFailed, match=r"^peer 1 diverged: its weights hold NaN or Inf after step 4"):
+        box.raise_if_stopped()
+
+
+def test_a_forged_abort_is_held_and_undone_by_its_named_senders_next_message():
+    box = mailbox()
+    box.deliver(None, params(1, 3), connection=7)
+    box.deliver(None, abort(1, "forged"), connection=8)  # another connection than peer 1's: not believed
+    box.raise_if_stopped({1})  # nothing yet, even waiting for peer 1
+    box.clock.advance(1.0)  # past peer_timeout: held against a peer 1 that stays silent while we wait for it...
+    box.raise_if_stopped({3})  # ...but not while we wait only for others
+    with pytest.raises(PeerFailed, match="^forged$"):
+        box.raise_if_stopped({1})
+    box.deliver(None, params(1, 4), connection=7)  # peer 1 speaks: it did not stop
+    box.raise_if_stopped({1})
+    box.link(1, True)  # a live link to the peer named: a forgery, however long the peer is silent
+    box.deliver(None, abort(1, "forged again"), connection=8)
+    box.clock.advance(10.0)
+    box.raise_if_stopped({1})
+
+
+def test_a_model_layout_unlike_ours_stops_us_naming_both_layouts_once_its_connection_is_known():
+    other = Layout.describe([("w", (60,), "float32")], ["float32"], [60], CHUNK)
+    box = mailbox()
+    box.deliver(None, encode(Header(kind="hello", sender=3)), connection=5)
+    theirs = encode(params_header("params", 3, other, CHUNK, round=1, step=1), [torch.zeros(60)])
+    with pytest.raises(ProtocolError, match="has model layout"):
+        box.deliver(None, theirs, connection=5)  # dropped as ever, and remembered
+    with pytest.raises(PeerFailed) as raised:
+        box.raise_if_stopped()
+    assert str(raised.value) == (f"the peers' models differ: peer 3's has layout {other.fingerprint}, peer 0's "
+                                 f"{LAYOUT.fingerprint}; every peer must build the same model")
+
+
+def test_an_abort_reason_is_one_printable_ascii_line_of_bounded_length():
+    header = abort_header(2, "bad\nline\x1b[31m é" + "x" * 1000)
+    assert header.reason.isascii() and header.reason.isprintable() and len(header.reason) <= MAX_REASON_CHARS
+    assert header.reason.startswith("bad line")
+    with pytest.raises(ProtocolError, match="'why'"):
+        mailbox().deliver(None, encode(Header(kind="abort", sender=1, reason="\x1b[2J")))
+    with pytest.raises(ProtocolError, match="lacks a reason"):
+        mailbox().deliver(None, encode(Header(kind="abort", sender=1)))
+    with pytest.raises(ProtocolError, match="carries a reason"):
+        mailbox().deliver(None, encode(Header(kind="bye", sender=1, reason="hello")))

@@ -148,7 +148,8 @@ def encode(header: Header, chunks: Sequence[torch.Tensor] = ()) -> list[Any]:
 
 def abort_header(sender: int, reason: str) -> Header:
     """An "abort" with ``reason`` made fit for the wire: ASCII, one line, at most MAX_REASON_CHARS."""
-    text = " ".join(reason.encode("ascii", "replace").decode().split())
+    text = "".join(c if c.isprintable() else " " for c in reason.encode("ascii", "replace").decode())
+    text = " ".join(text.split())
     text = text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS - 3] + "..."
     return Header(kind="abort", sender=sender, reason=text or "no reason given")
 
