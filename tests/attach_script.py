@@ -6,6 +6,7 @@ it; every process prints one JSON line with what it ended with."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -24,8 +25,9 @@ def main() -> None:
     with averager:
         for _ in range(steps):
             averager.step()
-    print(json.dumps({"rank": averager.rank, "world_size": averager.config.world_size, "rounds": averager.rounds,
-                      "weight": model.weight.item(), "endpoints": list(averager.config.endpoints)}), flush=True)
+    report = json.dumps({"rank": averager.rank, "world_size": averager.config.world_size, "rounds": averager.rounds,
+                         "weight": model.weight.item(), "endpoints": list(averager.config.endpoints)})
+    os.write(1, f"{report}\n".encode())  # one write: the processes share torchrun's stdout
 
 
 if __name__ == "__main__":
