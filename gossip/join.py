@@ -14,14 +14,12 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
-import socket
 from collections.abc import Mapping
 from typing import Any
 
 from gossip.config import GossipConfig
-from gossip.errors import ConfigError, PeerUnreachable
+from gossip.errors import ConfigError
 from gossip.net.address import bindable
 from gossip.net.wire import Layout
 from gossip.rendezvous import Plan, read_environment
@@ -66,36 +64,22 @@ def _meet(config: GossipConfig, plan: Plan, layout: Layout) -> GossipConfig:
     from gossip import rendezvous_store as exchange  # imports torch.distributed: only when a store is used
 
     announce = exchange.announce_address("", config.bind, plan.store[0])
-    meeting = exchange.StoreRendezvous(plan, config.startup_timeout, bind=config.bind or bindable(announce),
-                                       keydir=config.secure)
+    listen = config.bind or bindable(announce)  # where this peer binds, and the store it may serve listens
+    meeting = exchange.StoreRendezvous(plan, config.startup_timeout, bind=listen, keydir=config.secure)
+
+    def endpoint_of(rank: int) -> str:
+        exchange.check_port(listen, config.base_port + rank, f"peer {rank}")
+        return f"tcp://{announce}:{config.base_port + rank}"
+
+    settings = {name: value for name, value in _values(config).items() if name not in PER_PEER}
     meeting.open()
-    try:
-        port = config.base_port + plan.rank
-        _check_port(config.bind or bindable(announce), port, plan.rank)
-        settings = {name: value for name, value in _values(config).items() if name not in PER_PEER}
-        assignment = meeting.join(lambda rank: f"tcp://{announce}:{config.base_port + rank}",
-                                  {**settings, "model_layout": layout.fingerprint}, plan.world_size, plan.rank,
-                                  server=False, parameter_server=config.parameter_server)
-    except PeerUnreachable as exc:  # (``join`` tells the others of its own failures)
-        meeting.abort(f"peer {plan.rank} could not join: {exc}")
-        raise
+    try:  # (a peer that cannot join tells the others in the store: ``join``)
+        assignment = meeting.join(endpoint_of, {**settings, "model_layout": layout.fingerprint}, plan.world_size,
+                                  plan.rank, server=False, parameter_server=config.parameter_server)
     finally:
         meeting.close()
     return dataclasses.replace(config, endpoints=assignment.endpoints,
                                server_endpoint=assignment.server_endpoint or config.server_endpoint)
-
-
-def _check_port(host: str, port: int, rank: int) -> None:
-    """Fail before announcing a port that another process holds (ZeroMQ binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ's own listener does
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            hint = "another process holds it: choose another --base-port" if exc.errno == errno.EADDRINUSE else \
-                f"{host} is not an address of this host: check --bind"
-            raise PeerUnreachable(f"peer {rank} cannot listen on tcp://{host}:{port} ({exc.strerror}); {hint}") \
-                from exc
 
 
 def _values(config: GossipConfig) -> dict[str, Any]:

@@ -122,6 +122,19 @@ def announce_address(announce: str, bind: str, toward: str | None) -> str:
     return address
 
 
+def check_port(host: str, port: int, who: str) -> None:
+    """Fail before announcing a port that another process holds (ZeroMQ binds it moments later): an
+    ``endpoint_of`` for ``join`` calls it, so that the others learn of it in the store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ's own listener does
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            hint = "another process holds it: choose another --base-port" if exc.errno == errno.EADDRINUSE else \
+                f"{host} is not an address of this host: check --bind and --announce"
+            raise PeerUnreachable(f"{who} cannot listen on tcp://{host}:{port} ({exc.strerror}); {hint}") from exc
+
+
 def check_run_name(name: str) -> str:
     """``name`` when it is a plain file name (it names the output directory): letters, digits and ``._-``,
     at most 100 characters, not ``.`` or ``..``; empty means none. ConfigError otherwise."""
@@ -254,7 +267,7 @@ class StoreRendezvous:
         cannot join says why in the store (``abort``), and the others stop with its reason."""
         try:
             return self._join(endpoint_of, run, world_size, rank, server, parameter_server, run_name)
-        except (ConfigError, PeerTimeout) as exc:
+        except (ConfigError, PeerTimeout, PeerUnreachable) as exc:
             if isinstance(exc, SwarmFull):  # a peer the swarm never counted on: the others go on without it
                 raise
             who = "the server" if server else f"peer {rank}" if rank is not None else "a peer without a rank"

@@ -96,6 +96,8 @@ def meet(args: argparse.Namespace, rendezvous: RendezvousConfig, plan: Plan) -> 
                   f"  {next_machine_line(cfg, store)}", flush=True)
 
         def endpoint_of(rank: int) -> str:  # the server's rank is the world size: it listens on BASE_PORT + N
+            exchange.check_port(cfg.gossip.bind or bindable(announce), base_port + rank,
+                                "the server" if args.server else f"peer {rank}")
             return f"tcp://{announce}:{base_port + rank}"
 
         assignment = meeting.join(endpoint_of, run_flags(cfg), plan.world_size, plan.rank, args.server,
