@@ -136,7 +136,7 @@ def validate(state: Any, path: str | Path, **expected: Any) -> dict[str, Any]:
 def refusal(state: Any, counters: Mapping[str, str]) -> str | None:
     """Why ``state`` must not be written (a counter missing or of the wrong type or range, a NaN or Inf in
     any tensor or float), or None."""
-    return _counter_problem(state, counters, {}) or nonfinite(state, "")
+    return _counter_problem(state, counters, {}) or value_problem(state, "")
 
 
 def fit_problem(state: Any, *, keys: Iterable[str], counters: Mapping[str, str],
@@ -148,10 +148,13 @@ def fit_problem(state: Any, *, keys: Iterable[str], counters: Mapping[str, str],
     ``model``, and the optimizer state at each dotted key of ``optimizers`` fitting that optimizer."""
     if not isinstance(state, dict):
         return f"it holds a {type(state).__name__}, not a dict"
-    missing = [key for key in keys if key not in state]
+    keys = list(keys)
+    missing, extra = [key for key in keys if key not in state], [key for key in state if key not in keys]
     if missing:
         return f"it lacks {', '.join(map(repr, missing))}"
-    problem = _counter_problem(state, counters, bounds or {}) or nonfinite(state, "")
+    if extra:
+        return f"it has unknown {_names(extra)} (a checkpoint of something else)"
+    problem = _counter_problem(state, counters, bounds or {}) or value_problem(state, "")
     if problem is None and model is not None:
         problem = model_fit_problem(state["model"], model)
     for where, optimizer in (optimizers or {}).items():
@@ -162,9 +165,16 @@ def fit_problem(state: Any, *, keys: Iterable[str], counters: Mapping[str, str],
     return problem
 
 
-def nonfinite(value: Any, where: str) -> str | None:
-    """Where in ``value`` (nested dicts, lists and tuples) a tensor or float holds NaN or Inf, or None."""
+def value_problem(value: Any, where: str) -> str | None:
+    """Where in ``value`` (nested dicts, lists and tuples) a tensor or float holds NaN or Inf, or a tensor
+    claims more elements than its storage holds, and what; or None."""
     if isinstance(value, torch.Tensor):
+        held = value.untyped_storage().nbytes() - value.storage_offset() * value.element_size()
+        if value.numel() and not (value.is_contiguous() and held >= value.numel() * value.element_size()):
+            # a tensor of overlapping or strided elements: 1e9 of them over one stored value is a few bytes on
+            # disk, and an hour of reading
+            return (f"{where or 'the state'} claims {value.numel():,} elements over {held:,} bytes of storage "
+                    "(not a contiguous tensor as torch.save writes a state)")
         if (value.is_floating_point() or value.is_complex()) and not _finite(value):
             return f"{where or 'the state'} holds NaN or Inf"
     elif isinstance(value, float):
@@ -172,12 +182,12 @@ def nonfinite(value: Any, where: str) -> str | None:
             return f"{where or 'the state'} is {value}"
     elif isinstance(value, dict):
         for key, item in value.items():
-            problem = nonfinite(item, f"{where}[{key!r}]" if where else repr(key))
+            problem = value_problem(item, f"{where}[{key!r}]" if where else repr(key))
             if problem is not None:
                 return problem
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            problem = nonfinite(item, f"{where}[{index}]")
+            problem = value_problem(item, f"{where}[{index}]")
             if problem is not None:
                 return problem
     return None

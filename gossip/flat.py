@@ -4,7 +4,8 @@ At attach time every parameter (and every floating-point buffer, such as BatchNo
 is copied into one contiguous tensor per (dtype, device) and re-pointed as a view into it. The Parameter
 objects stay the same, so an optimizer built before or after keeps working. Sending is then a handful of
 zero-copy frames, and mixing is one fused ``add_`` per neighbour and frame instead of a Python loop over
-tensors. Integer buffers (``num_batches_tracked``) are left alone: they are counters, not weights.
+tensors. Integer buffers (``num_batches_tracked``) are left alone: they are counters, not weights. A
+complex tensor, or one on the meta device (no values yet), is refused in one line rather than left out.
 """
 
 from __future__ import annotations
@@ -202,13 +203,21 @@ def _averaged_tensors(model: nn.Module) -> tuple[list[tuple[str, nn.Module, str,
     for module_name, module in model.named_modules():
         for kind in ("_parameters", "_buffers"):
             for attr, tensor in getattr(module, kind).items():
+                name = f"{module_name}.{attr}".lstrip(".")
+                if tensor is not None and tensor.is_meta:
+                    raise ConfigError(f"the model's {name} is on the meta device (it holds no values): create "
+                                      "its weights (e.g. model.to_empty(device=...) and initialise them) before "
+                                      "attaching")
+                if tensor is not None and tensor.is_complex():
+                    raise ConfigError(f"the model's {name} is complex ({tensor.dtype}); gossip averages real "
+                                      "tensors: store it as a real one (torch.view_as_real) in the model")
                 if tensor is None or tensor.dtype not in _DTYPE_NAMES:
                     continue
                 if id(tensor) in seen:
                     aliases.append((module, attr, tensor))
                     continue
                 seen.add(id(tensor))
-                entries.append((f"{module_name}.{attr}".lstrip("."), module, attr, tensor))
+                entries.append((name, module, attr, tensor))
     return entries, aliases
 
 

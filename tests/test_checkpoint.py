@@ -212,6 +212,16 @@ def step_beyond_the_run(state: dict) -> None:
     state["counters"]["step"] = 10 ** 30
 
 
+def unknown_top_level_key(state: dict) -> None:
+    state["payload"] = {"anything": 1}
+
+
+def one_value_claiming_a_billion(state: dict) -> None:
+    # a few bytes in the file, 1e9 elements to check: an hour of --resume with 1e13
+    name = next(iter(state["model"]))
+    state["model"][name] = torch.zeros(1).expand(1_000_000_000)
+
+
 @pytest.mark.parametrize("damage,expected", [
     (wrong_shape, r"'model'\['.*'\] is \(3, 5\) float32, the model's is \(\d+, \d+\) float32"),
     (missing_counter, r"counter 'counters.rounds' is missing"),
@@ -223,6 +233,8 @@ def step_beyond_the_run(state: dict) -> None:
                                 r"the parameter's is \(\d+, \d+\)"),
     (no_model, r"it lacks 'model'"),
     (step_beyond_the_run, r"counter 'counters.step' is 10+ \(a int\), above this run's 400"),
+    (unknown_top_level_key, r"it has unknown 'payload' \(a checkpoint of something else\)"),
+    (one_value_claiming_a_billion, r"'model'\['.*'\] claims 1,000,000,000 elements over 4 bytes of storage"),
 ])
 def test_a_checkpoint_that_does_not_fit_is_one_line_naming_the_file(tmp_path, damage, expected):
     state = saved_state(tmp_path)

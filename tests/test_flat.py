@@ -265,3 +265,19 @@ def test_relocate_moves_the_weights_and_leaves_the_old_memory_alone():
     flat.segments[0].add_(1.0)
     assert torch.equal(old, sent)  # what was handed to ZeroMQ from the old memory is unchanged
     assert torch.equal(model[0].weight.reshape(-1), sent[offset_in(model[0].weight, flat.segments[0]):][:9])
+
+
+@pytest.mark.parametrize("make,expected", [
+    (lambda: torch.nn.Linear(4, 2, device="meta"), "the model's weight is on the meta device (it holds no values)"),
+    (lambda: _with_parameter(torch.zeros(3, dtype=torch.complex64)), "the model's extra is complex (torch.complex64)"),
+])
+def test_a_tensor_gossip_cannot_average_is_refused_not_left_out(make, expected):
+    with pytest.raises(ConfigError) as raised:
+        FlatParams(make(), 1 << 20)
+    assert str(raised.value).startswith(expected), raised.value
+
+
+def _with_parameter(value: torch.Tensor) -> torch.nn.Module:
+    model = torch.nn.Linear(4, 2)
+    model.extra = torch.nn.Parameter(value)
+    return model
