@@ -51,6 +51,7 @@ DEFAULT_NODES = 4
 MAX_WAIT_SECONDS = 604800.0  # one week
 # --peer-timeout also sets ZeroMQ's HEARTBEAT_TTL, which holds at most 6553.599 s (gossip/net/transport.py)
 MAX_PEER_TIMEOUT = 6553.0
+MAX_SEED = (1 << 32) - 1  # numpy's and torch's generators take any 32-bit seed; runs derive per-peer seeds from it
 MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # --speeds: a peer at speed s sleeps (1/s - 1) times its step's compute time
 
 
@@ -158,7 +159,8 @@ class GossipConfig:
         _check_per_peer(self, "link_latency_ms", lambda v: 0 <= v <= 60_000, "milliseconds in 0..60000")
         _check_int(self, "max_staleness", minimum=0)
         _check_int(self, "queue_depth", minimum=1)
-        _check_int(self, "base_port", minimum=1, maximum=65535 - self.world_size)
+        _check_ports(self)
+        _check_int(self, "seed", minimum=0, maximum=MAX_SEED)
         _check_positive(self, "staleness_temperature")
         _check_seconds(self, "round_timeout", "startup_timeout", "send_timeout", "shutdown_timeout")
         _check_seconds(self, "peer_timeout", limit=MAX_PEER_TIMEOUT, why="ZeroMQ's heartbeat limit")
@@ -390,6 +392,7 @@ class RunConfig:
                               "--schedule steps")
         if self.gossip.schedule == "steps" and self.rounds:
             raise ConfigError("--rounds applies to --schedule time; with --schedule steps the run lasts --steps steps")
+        _check_unused(self)
         object.__setattr__(self, "gossip", dataclasses.replace(self.gossip, **self._horizon()))
         _check_per_peer(self, "link_mbit", lambda v: 0 <= v <= 1e6, "rates in Mbit/s >= 0 (0: unlimited)")
 
@@ -550,8 +553,9 @@ def _check_task_flags(cfg: RunConfig) -> None:
         raise ConfigError(f"--partition {partition.spec} does not apply to --task {cfg.task}; use "
                           f"{' or '.join(r + (':ALPHA' if r == 'dirichlet' else '') for r in rules)}")
     _check_int(cfg, "context", minimum=1, maximum=1 << 16)
-    for name in ("layers", "model_dim", "heads"):
-        _check_int(cfg, name, minimum=1)
+    # beyond GPT-3's 96 layers of width 12288 and 96 heads, ten times over: a typo, not a model
+    for name, largest in (("layers", 1024), ("model_dim", 1 << 17), ("heads", 1024)):
+        _check_int(cfg, name, minimum=1, maximum=largest)
     if cfg.model_dim % cfg.heads:
         raise ConfigError(f"--model-dim {cfg.model_dim} must be a multiple of --heads {cfg.heads}")
     if not isinstance(cfg.data, str):
@@ -560,6 +564,69 @@ def _check_task_flags(cfg: RunConfig) -> None:
         given = [_flag(name) for name in MODEL_FLAGS if getattr(cfg, name) != _default(RunConfig, name)]
         if given:
             raise ConfigError(f"{given[0]} applies to --task charlm, not --task {cfg.task}")
+
+
+# Settings that only some modes read: (part of RunConfig, field) -> (where it applies, in words; whether this
+# run reads it). A value other than the default where the run does not read it is refused, not ignored.
+_ADAPTIVE = ("--deadline adaptive", lambda c: c.gossip.deadline == "adaptive")
+_LATEST = ("--mode gossip-async --async-rule latest",
+           lambda c: c.gossip.mode == "gossip-async" and c.gossip.async_rule == "latest")
+_DCASGD = ("--mode ps-dcasgd", lambda c: c.gossip.mode == "ps-dcasgd")
+_PS = ("the ps-* modes", lambda c: c.gossip.parameter_server)
+USED_ONLY_IN: dict[tuple[str, str], tuple[str, Any]] = {
+    ("gossip", "topology"): ("the gossip modes (the ps-* modes talk to the server)",
+                             lambda c: not c.gossip.parameter_server),
+    ("gossip", "gossip_every"): ("the gossip modes (ps-avg averages every --local-steps steps)",
+                                 lambda c: not c.gossip.parameter_server),
+    ("gossip", "round_seconds"): ("--schedule time", lambda c: c.gossip.schedule == "time"),
+    ("gossip", "async_rule"): ("--mode gossip-async", lambda c: c.gossip.mode == "gossip-async"),
+    ("gossip", "staleness_weight"): _LATEST,
+    ("gossip", "staleness_temperature"): ("--staleness-weight exp", lambda c: c.gossip.staleness_weight == "exp"),
+    ("gossip", "max_staleness"): _LATEST,
+    ("gossip", "deadline_k"): _ADAPTIVE,
+    ("gossip", "deadline_floor"): _ADAPTIVE,
+    ("gossip", "deadline_window"): _ADAPTIVE,
+    ("gossip", "straggler_fraction"): _ADAPTIVE,
+    ("gossip", "pace_tolerance"): _ADAPTIVE,
+    ("gossip", "consensus_step"): ("--compress float16 or int8", lambda c: c.gossip.compress != "none"),
+    ("gossip", "trim_fraction"): ("--aggregate trimmed-mean", lambda c: c.gossip.aggregate == "trimmed-mean"),
+    ("gossip", "byzantine_scale"): ("--byzantine", lambda c: bool(c.gossip.byzantine)),
+    ("coordinator", "local_steps"): ("--mode ps-avg", lambda c: c.gossip.mode == "ps-avg"),
+    ("coordinator", "soft_sync"): ("--mode ps-async, ps-ssp or ps-dcasgd",
+                                   lambda c: c.gossip.mode in ("ps-async", "ps-ssp", "ps-dcasgd")),
+    ("coordinator", "staleness_lr"): ("--mode ps-async, ps-ssp or ps-dcasgd",
+                                      lambda c: c.gossip.mode in ("ps-async", "ps-ssp", "ps-dcasgd")),
+    ("coordinator", "staleness_bound"): ("--mode ps-ssp", lambda c: c.gossip.mode == "ps-ssp"),
+    ("coordinator", "dc_lambda"): _DCASGD,
+    ("coordinator", "dc_adaptive"): _DCASGD,
+    ("coordinator", "dc_momentum"): _DCASGD,
+    ("coordinator", "dc_epsilon"): _DCASGD,
+    ("coordinator", "missing_worker"): _PS,
+    ("coordinator", "server_retries"): _PS,
+}
+
+
+def _check_ports(cfg: GossipConfig) -> None:
+    """Peer r listens on BASE_PORT + r, the server on BASE_PORT + N, a rendezvous store on BASE_PORT - 1:
+    all must be ports (1..65535)."""
+    _check_int(cfg, "world_size", minimum=1)
+    if cfg.world_size + 2 > 65535:
+        raise ConfigError(f"--nodes {cfg.world_size} needs {cfg.world_size + 1} ports from --base-port on, more "
+                          "than a host has (65535); use at most 65533 peers")
+    _check_int(cfg, "base_port", minimum=1)
+    if cfg.base_port + cfg.world_size > 65535:
+        raise ConfigError(f"--base-port {cfg.base_port} with --nodes {cfg.world_size}: the peers and the server "
+                          f"would listen up to port {cfg.base_port + cfg.world_size}, beyond 65535; use --base-port "
+                          f"at most {65535 - cfg.world_size}")
+
+
+def _check_unused(cfg: RunConfig) -> None:
+    """Refuse a setting that this run would not read (``USED_ONLY_IN``), naming where it applies."""
+    for (part, name), (where, used) in USED_ONLY_IN.items():
+        owner = getattr(cfg, part)
+        if getattr(owner, name) != _default(type(owner), name) and not used(cfg):
+            raise ConfigError(f"{_flag(name)} applies to {where}, not to this run (--mode {cfg.gossip.mode}); drop "
+                              "it or choose that mode")
 
 
 def _default(cls: type, name: str) -> Any:

@@ -130,7 +130,8 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
                   if p["test_accuracy"] is not None and p["rank"] not in byzantine]
     losses = [p["test_loss"] for p in peers if p["test_loss"] is not None and p["rank"] not in byzantine]
     summary = {
-        "mode": cfg.gossip.mode, "topology": cfg.gossip.topology, "nodes": cfg.nodes, "task": cfg.task,
+        "mode": cfg.gossip.mode, "topology": None if cfg.gossip.parameter_server else cfg.gossip.topology,
+        "nodes": cfg.nodes, "task": cfg.task,
         "steps": cfg.steps, "schedule": cfg.gossip.schedule, "rounds": cfg.total_rounds,
         "seed": cfg.gossip.seed, "wall_seconds": wall_seconds, "headline": recipe(cfg.task).headline,
         "accuracy": final_metrics.get("accuracy"),  # of the product model, model-final.pt

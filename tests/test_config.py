@@ -36,8 +36,12 @@ def test_config_error_is_a_value_error():
     ({"max_staleness": -1}, "--max-staleness must be >= 0"),
     ({"queue_depth": 0}, "--queue-depth must be >= 1"),
     ({"world_size": 0}, "must be >= 1, got 0"),
-    ({"base_port": 0}, "--base-port must be in 1..65534"),  # room for a parameter server
-    ({"base_port": 65535, "world_size": 2, "topology": "full"}, "--base-port must be in 1..65533"),
+    ({"base_port": 0}, "--base-port must be >= 1, got 0"),
+    ({"base_port": 65535, "world_size": 2, "topology": "full"},  # room for a parameter server
+     "--base-port 65535 with --nodes 2: the peers and the server would listen up to port 65537, beyond 65535; use "
+     "--base-port at most 65533"),
+    ({"world_size": 70000, "topology": "full"}, "--nodes 70000 needs 70001 ports from --base-port on"),
+    ({"seed": -1}, "--seed must be in 0..4294967295, got -1"),
     ({"chunk_mb": 0.01}, "--chunk-mb 0.01 is out of range; use a value in 0.0625..64"),
     ({"chunk_mb": 65}, "--chunk-mb 65 is out of range"),
     ({"chunk_mb": math.nan}, "--chunk-mb nan is out of range"),

@@ -23,7 +23,7 @@ def test_help_lists_the_shared_and_the_rendezvous_flags_but_not_the_launchers_ow
 
 
 def test_flags_written_from_a_config_read_back_as_the_same_config():
-    argv = ["--mode", "gossip-async", "--topology", "torus:2x2", "--speeds", "1,1,1,0.5", "--dc-adaptive",
+    argv = ["--mode", "ps-dcasgd", "--speeds", "1,1,1,0.5", "--dc-adaptive",
             "--device", "cpu", "--bind", "0.0.0.0", "--lr", "0.1", "--out", "runs/x", "--hosts", "a:2,b:2"]
     parser = peer_cli.build_parser()
     args = parser.parse_args(argv)
