@@ -1,5 +1,5 @@
-"""The launcher's command line: every flag documented once, with its default, under its group; the README's
-flag table agrees with the parser; and one clear line for bad input."""
+"""The launcher's command line: every flag documented once, with its default, under its group, and one clear
+line for bad input. (That the README and docs/ agree with the parsers: tests/test_docs.py.)"""
 
 from __future__ import annotations
 
@@ -88,69 +88,6 @@ def test_help_groups_the_flags_under_titles_in_order_and_lists_each_once():
     for row in FLAGS:
         assert group_of[row.flag] == row.group, (row.flag, group_of[row.flag], row.group)
     assert [row.group for row in FLAGS] == sorted((row.group for row in FLAGS), key=GROUPS.index)  # one run each
-
-
-def readme_tables() -> list[list[list[str]]]:
-    """Every table of README.md as rows of cells (the header row first, the --- row left out)."""
-    tables, rows = [], []
-    for line in (ROOT / "README.md").read_text().splitlines() + [""]:
-        if line.startswith("|"):
-            if not re.fullmatch(r"[|\s:-]+", line):
-                rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
-        elif rows:
-            tables, rows = tables + [rows], []
-    return tables
-
-
-def readme_says(text: str, name: str, flag: str, default) -> bool:
-    """Does the README's default ``text`` say ``default``? Switches read on/off or the flag's own name, empty
-    lists and strings none/off, numbers compare as numbers."""
-    text = text.strip().lower()
-    if name == "out":
-        return default == "" and text.startswith("runs/")
-    if isinstance(default, bool):
-        return text in (("on", "true", flag[2:]) if default else ("off", "false"))
-    if default in ((), ""):
-        return text in ("none", "off", PER_PEER_DEFAULTS.get(name, "none"))
-    if isinstance(default, tuple):  # a list flag: its values as the flag takes them
-        return text == ",".join(map(str, default))
-    if isinstance(default, (int, float)):
-        try:
-            return float(text) == float(default)
-        except ValueError:
-            return False
-    return text == str(default).lower()
-
-
-def test_the_readme_tables_name_real_flags_with_the_parsers_defaults():
-    from launch.peer import build_parser as peer_parser
-
-    launcher = build_parser()
-    known = set(launcher._option_string_actions) | set(peer_parser()._option_string_actions)
-    # gossip.peer's own flag, which the launcher adds when it restarts a process (--max-restarts)
-    internal = {"--resume"}
-    assert '"--resume"' in (ROOT / "gossip" / "peer.py").read_text()
-    tables = readme_tables()
-    named = {flag for table in tables for row in table for cell in row
-             for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", cell)}
-    assert named - internal <= known, sorted(named - internal - known)
-    checked = 0
-    for table in tables:
-        for row in table[1:] if table[0][:2] == ["flag", "default"] else []:
-            flags = re.findall(r"`(--[a-z][a-z0-9-]*)", row[0])
-            flags = [f for f in flags if not (f.startswith("--no-") and "--" + f[5:] in flags)]
-            defaults = [part for part in row[1].split(", ")] if row[1] else []
-            assert not defaults or len(defaults) == len(flags), row[:2]
-            for flag, text in zip(flags, defaults):
-                action = launcher._option_string_actions[flag]
-                assert readme_says(text, action.dest, flag, action.default), (flag, text, action.default)
-                checked += 1
-        for row in table[1:]:  # "`--local-steps` (10)": a default in passing
-            for flag, text in re.findall(r"`(--[a-z][a-z0-9-]*)[^`]*` \(([0-9.]+)\)", " | ".join(row)):
-                action = launcher._option_string_actions[flag]
-                assert readme_says(text, action.dest, flag, action.default), (flag, text, action.default)
-                checked += 1
-    assert checked >= 30
 
 
 def test_defaults_are_four_peers_on_a_ring_training_digits():
