@@ -183,8 +183,9 @@ def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool =
         with averager:
             last_step_began, trained_until = train(cfg, task, averager, trace, events, out)
     except GossipError as exc:
+        exc = root_error(exc)
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc), **averager.statistics())
-        raise
+        raise exc from None
     trace.record(averager.rounds, final=True)  # after close(): the last round or the late mass is mixed in
     metrics = task.evaluate()
     torch.save(cpu_state(task.model), out / f"model-{rank}.pt")
@@ -297,7 +298,10 @@ def guarded(name: Callable[[], str], body: Callable[[], None]) -> int:
     logging.basicConfig(level=logging.INFO)
     name_logs(name())
     try:
-        body()
+        try:
+            body()
+        except GossipError as exc:
+            raise root_error(exc) from None
     except Stopped as exc:
         print(f"{name()}: stopped by {exc}", file=sys.stderr)
         return 128 + exc.signum
@@ -305,6 +309,15 @@ def guarded(name: Callable[[], str], body: Callable[[], None]) -> int:
         print(f"{name()}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def root_error(exc: GossipError) -> GossipError:
+    """The error that ended us: a stop signal that arrived while we were closing after an error of our own
+    (the launcher stops every peer once one fails, and ours may be the one that did) is not the cause."""
+    cause = exc.__context__
+    if isinstance(exc, Stopped) and isinstance(cause, GossipError) and not isinstance(cause, Stopped):
+        return cause
+    return exc
 
 
 def name_logs(name: str) -> None:

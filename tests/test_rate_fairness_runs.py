@@ -44,10 +44,12 @@ def test_the_synchronous_modes_reach_the_mean_of_the_objectives_exactly(launch_r
 @pytest.mark.parametrize("speeds", SPEEDS)
 @pytest.mark.parametrize("mode", ASYNCHRONOUS)
 def test_the_asynchronous_modes_reach_the_mean_of_the_objectives(launch_run, mode, speeds):
-    """gossip-async's error is the mean of two runs (seeds 0 and 1) at each learning rate: its last iterate
+    """gossip-async's error is the mean of four runs (seeds 0 to 3) at each learning rate: its last iterate
     also has a random part, from the order in which the peers' last steps land, about as large as the bias
-    at lr / 4; two runs halve its variance. The server's memory makes its modes exact."""
-    seeds = (0, 1) if mode == "gossip-async" else (0,)
+    at lr / 4 and larger on a loaded machine (with two runs, a full-suite run measured the lr / 4 error at
+    0.82 of the lr one's); four runs quarter its variance. The server's memory makes its modes
+    exact."""
+    seeds = (0, 1, 2, 3) if mode == "gossip-async" else (0,)
     runs = {lr: [quadratic(launch_run, mode, speeds, lr, round(STEPS * LR / lr), "--seed", str(seed),
                            name=f"lr{LR / lr:g}-seed{seed}") for seed in seeds] for lr in (LR, LR / 4)}
     fast, slow = (sum(error(run) for run in runs[lr]) / len(seeds) for lr in (LR, LR / 4))
