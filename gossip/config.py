@@ -311,6 +311,7 @@ class RunConfig:
     checkpoint_every: int = 0
     max_restarts: int = 0
     keep_going: bool = False  # a dead server always stops the run
+    allow_divergence: bool = False  # exit 0 even when the product model learned nothing (launch/summary.py)
     device: str = "auto"
     # sized like the default run, so that RunConfig() is valid; other sizes pass their own GossipConfig
     gossip: GossipConfig = field(default_factory=lambda: GossipConfig(world_size=DEFAULT_NODES))

@@ -206,6 +206,9 @@ TABLE: list[Flag] = [
     Flag("--max-restarts", "max_restarts", FAULTS, "restart a process that died, with --resume, up to this many "
                                                    "times each"),
     Flag("--keep-going", "keep_going", FAULTS, "a peer that died for good does not stop the others"),
+    Flag("--allow-divergence", "allow_divergence", FAULTS, "exit 0 even when the run's model learned nothing (test "
+                                                           "accuracy at chance, or loss no lower than untrained)",
+         LAUNCH),
     Flag("--secure", "secure", FAULTS, "KEYDIR from gossip-keys: CurveZMQ encryption, only allow-listed keys "
                                        "admitted"),
     Flag("--byzantine", "byzantine", FAULTS, "fault injection for tests and benchmarks: comma-separated ranks that "

@@ -27,7 +27,7 @@ from gossip.errors import ConfigError, Diverged, GossipError
 from gossip.exit import exit_now
 from gossip.health import model_problem
 from gossip.recipes import recipe
-from gossip.tasks import build_task, context_for
+from gossip.tasks import Task, build_task, context_for
 from launch.events import read_events
 
 
@@ -120,12 +120,15 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
     trace, drift, final_drift = consensus_trace(out, finished, vectors.shape[1])
     server = server_result(out) if cfg.gossip.parameter_server else None
     weights = [peers[rank]["weight"] if peers[rank]["weight"] is not None else 1.0 for rank in finished]
+    task = build_task(cfg.task, context_for(cfg, 0))
+    untrained = task.evaluate() if task.trains else {}  # every peer's model before its first step
     if server:
         product, final_metrics = torch.load(out / "model-final.pt", weights_only=True), server.get("test") or {}
     else:
         product = average_state_dicts(states, weights)
-        final_metrics = evaluate_average(cfg, product, out)
+        final_metrics = evaluate_average(task, product, out)
     problem = product_problem(product, final_metrics)
+    learned_nothing = None if problem else divergence(final_metrics, untrained, task.chance)
     accuracies = [p["test_accuracy"] for p in peers
                   if p["test_accuracy"] is not None and p["rank"] not in byzantine]
     losses = [p["test_loss"] for p in peers if p["test_loss"] is not None and p["rank"] not in byzantine]
@@ -145,13 +148,18 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
         "consensus_trace": trace, "mean_drift": drift, "final_mean_drift": final_drift, "spectral": spectral(cfg),
         "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers), "failed": failed or [],
         "aggregate": cfg.gossip.aggregate, "byzantine": sorted(byzantine),
+        "untrained_model": untrained, "diverged": learned_nothing,
     }
     if server:
         summary["server"] = server
+    which = "the server's model" if server else "the peers' averaged model"
+    server_lr = " or set --server-lr" if server and server.get("optimizer") else ""
     if problem:
-        which = "the server's model" if server else "the peers' averaged model"
         summary["error"] = (f"{which} (model-final.pt) is not a usable model: {problem}; lower --lr (now "
-                            f"{cfg.lr:g}){' or set --server-lr' if server and server.get('optimizer') else ''}")
+                            f"{cfg.lr:g}){server_lr}")
+    elif learned_nothing and not cfg.allow_divergence:
+        summary["error"] = (f"the run diverged: {which} (model-final.pt) learned nothing: {learned_nothing}; lower "
+                            f"--lr (now {cfg.lr:g}){server_lr}, or pass --allow-divergence")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if summary["error"]:
         raise Diverged(summary["error"])
@@ -160,6 +168,8 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
 
         plot_run(out, events, trace, out / "summary.png", summary["headline"])
     print_table(summary, out)
+    if learned_nothing:  # allowed (--allow-divergence), and still worth a line
+        print(f"warning: the run diverged: {which} learned nothing: {learned_nothing}", file=sys.stderr)
     return summary
 
 
@@ -190,11 +200,29 @@ def product_problem(state: dict[str, torch.Tensor], metrics: dict[str, Any]) -> 
     return problem
 
 
-def evaluate_average(cfg: RunConfig, final: dict[str, torch.Tensor], out: Path) -> dict[str, float]:
+# A product model at most this far above chance has learned nothing: digits' untrained models measure
+# 0.106-0.164 against chance 0.101 (seeds 0-2), and a model of one class is chance exactly
+CHANCE_MARGIN = 0.02
+
+
+def divergence(final: dict[str, Any], untrained: dict[str, Any], chance: float | None) -> str | None:
+    """Why the run's product model learned nothing, in words, or None: its test loss is no lower than the
+    untrained model's (any task), or its test accuracy is within ``CHANCE_MARGIN`` of ``chance`` (a task
+    that measures accuracy). A model that blew up is ``product_problem``'s."""
+    loss, before = final.get("loss"), untrained.get("loss")
+    if loss is not None and before is not None and loss >= before:
+        return f"its test loss {loss:.4g} is no lower than the untrained model's {before:.4g}"
+    accuracy = final.get("accuracy")
+    if chance is not None and accuracy is not None and accuracy <= chance + CHANCE_MARGIN:
+        return (f"its test accuracy {accuracy:.3f} is chance (always guessing the commonest label scores "
+                f"{chance:.3f})")
+    return None
+
+
+def evaluate_average(task: Task, final: dict[str, torch.Tensor], out: Path) -> dict[str, float]:
     """Write ``model-final.pt``, the exact (push-sum weighted) average of the peers' models, and return its
-    test metrics."""
+    test metrics (on ``task``'s model, which it loads)."""
     torch.save(final, out / "model-final.pt")
-    task = build_task(cfg.task, context_for(cfg, 0))
     if not task.trains:
         return {}
     task.model.load_state_dict(final)

@@ -28,6 +28,9 @@ before each step it sets the learning rate of ``--lr-schedule`` (``gossip/optim.
 group's own lr. ``evaluate`` may return any floats; ``accuracy`` and ``loss`` are shown in the summary when
 present. ``shard`` (what this peer trains on: sample count, label histogram or files) and ``dataset`` (what
 the whole data is: name, size, hash) are recorded in the peer's ``ready`` event and in summary.json.
+``chance``: the test accuracy of always guessing the commonest label, for a task whose measure is
+accuracy; the launcher then counts a product model no better than that as diverged (so does one whose
+test loss is no lower than the untrained model's, for every task).
 A task without an optimizer does not train: its peers only mix (like ``consensus``).
 """
 
@@ -81,6 +84,7 @@ class Task:
     samples_per_step: int = 0
     shard: dict[str, Any] = field(default_factory=dict)  # this peer's data: samples, labels or files
     dataset: dict[str, Any] = field(default_factory=dict)  # the whole data: name, size, hash
+    chance: float | None = None  # accuracy of always guessing the commonest test label (None: not a measure)
 
     @property
     def trains(self) -> bool:

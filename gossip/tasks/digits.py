@@ -132,7 +132,8 @@ def make_task(ctx: TaskContext, dataset: str = "digits", hidden: tuple[int, ...]
     histogram = np.bincount(labels[mine.numpy()], minlength=int(labels.max()) + 1)
     return Task(model, loss, evaluator(model, x_test.to(ctx.device), y_test.to(ctx.device)), optimizer,
                 samples_per_step=ctx.batch_size, shard={"samples": len(mine), "labels": histogram.tolist()},
-                dataset={"name": dataset, "train": len(x_train), "test": len(x_test)})
+                dataset={"name": dataset, "train": len(x_train), "test": len(x_test)},
+                chance=float(torch.bincount(y_test).max()) / len(y_test))
 
 
 def make_mnist_task(ctx: TaskContext) -> Task:
