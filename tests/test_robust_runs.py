@@ -25,10 +25,10 @@ def largest_weights(run) -> list[float]:
 
 
 def test_with_the_mean_one_byzantine_peer_ruins_every_honest_peer(launch_run):
-    # at the default scale (1e30) the neighbours' weights overflow at once and their snapshots are dropped
-    # as non-finite, so the run stops after --round-timeout; at 1e3 it completes and shows the damage
+    # at the default scale (1e30) the neighbours' weights overflow at once and they stop (diverged); at 1e3
+    # the run completes and shows the damage: a model that learned nothing, allowed here
     run = launch_run("--topology", "ring", "--steps", "150", "--byzantine", str(BYZANTINE), "--byzantine-scale",
-                     "1e3", nodes=NODES)
+                     "1e3", "--allow-divergence", nodes=NODES)
     summary = run.summary
     assert summary["byzantine"] == [BYZANTINE] and summary["aggregate"] == "mean"
     assert all(p["dropped"] == {} for p in summary["peers"])  # the garbage passed validation
