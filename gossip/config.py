@@ -574,6 +574,7 @@ _LATEST = ("--mode gossip-async --async-rule latest",
            lambda c: c.gossip.mode == "gossip-async" and c.gossip.async_rule == "latest")
 _DCASGD = ("--mode ps-dcasgd", lambda c: c.gossip.mode == "ps-dcasgd")
 _PS = ("the ps-* modes", lambda c: c.gossip.parameter_server)
+_ASYNC_SERVER = ("--mode ps-async, ps-ssp or ps-dcasgd", lambda c: c.gossip.mode in ("ps-async", "ps-ssp", "ps-dcasgd"))
 USED_ONLY_IN: dict[tuple[str, str], tuple[str, Any]] = {
     ("gossip", "topology"): ("the gossip modes (the ps-* modes talk to the server)",
                              lambda c: not c.gossip.parameter_server),
@@ -593,10 +594,8 @@ USED_ONLY_IN: dict[tuple[str, str], tuple[str, Any]] = {
     ("gossip", "trim_fraction"): ("--aggregate trimmed-mean", lambda c: c.gossip.aggregate == "trimmed-mean"),
     ("gossip", "byzantine_scale"): ("--byzantine", lambda c: bool(c.gossip.byzantine)),
     ("coordinator", "local_steps"): ("--mode ps-avg", lambda c: c.gossip.mode == "ps-avg"),
-    ("coordinator", "soft_sync"): ("--mode ps-async, ps-ssp or ps-dcasgd",
-                                   lambda c: c.gossip.mode in ("ps-async", "ps-ssp", "ps-dcasgd")),
-    ("coordinator", "staleness_lr"): ("--mode ps-async, ps-ssp or ps-dcasgd",
-                                      lambda c: c.gossip.mode in ("ps-async", "ps-ssp", "ps-dcasgd")),
+    ("coordinator", "soft_sync"): _ASYNC_SERVER,
+    ("coordinator", "staleness_lr"): _ASYNC_SERVER,
     ("coordinator", "staleness_bound"): ("--mode ps-ssp", lambda c: c.gossip.mode == "ps-ssp"),
     ("coordinator", "dc_lambda"): _DCASGD,
     ("coordinator", "dc_adaptive"): _DCASGD,

@@ -139,7 +139,7 @@ def test_under_torchrun_a_taken_port_stops_every_peer_within_seconds_naming_it()
     base = free_base_port(3)
     with hold_port(base + 2):
         began = time.monotonic()
-        [(code, out, err)] = finish([torchrun(3, str(base), "10")], timeout=120)
+        [(code, _, err)] = finish([torchrun(3, str(base), "10")], timeout=120)
         elapsed = time.monotonic() - began
     assert code != 0
     assert elapsed < 10, elapsed
