@@ -16,8 +16,9 @@ import dataclasses
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import topologies
 from gossip.errors import ConfigError
@@ -43,7 +44,6 @@ COMPRESS = ("none", "float16", "int8")  # gossip/compression.py
 OPTIMIZERS = ("sgd", "adamw")  # gossip/optim.py
 LR_SCHEDULES = ("constant", "cosine", "linear")
 OUTER_OPTIMIZERS = ("sgd", "nesterov")  # ps-avg's outer step: gossip/coordinator/averaging.py
-MODEL_FLAGS = ("data", "context", "layers", "model_dim", "heads")  # the fields only charlm reads
 MiB = 1 << 20
 DEFAULT_NODES = 4
 # The longest wait a flag may ask for. Timeouts and sleeps end in threading, asyncio, time.sleep and
@@ -391,8 +391,6 @@ class RunConfig:
             raise ConfigError(f"--lr-schedule {self.lr_schedule} decays over the run's steps, which --schedule time "
                               "does not fix in advance; use --lr-schedule constant (a warm-up is allowed) or "
                               "--schedule steps")
-        if self.gossip.schedule == "steps" and self.rounds:
-            raise ConfigError("--rounds applies to --schedule time; with --schedule steps the run lasts --steps steps")
         _check_unused(self)
         object.__setattr__(self, "gossip", dataclasses.replace(self.gossip, **self._horizon()))
         _check_per_peer(self, "link_mbit", lambda v: 0 <= v <= 1e6, "rates in Mbit/s >= 0 (0: unlimited)")
@@ -546,7 +544,7 @@ def _check_training(cfg: RunConfig) -> None:
 
 
 def _check_task_flags(cfg: RunConfig) -> None:
-    """Flags a built-in task does not read are refused rather than ignored."""
+    """The partition rule must be one the task's data allows, and the model's sizes numbers that fit."""
     partition = parse_partition(cfg.partition)
     object.__setattr__(cfg, "partition", partition.spec)
     rules = recipe(cfg.task).partitions
@@ -561,48 +559,70 @@ def _check_task_flags(cfg: RunConfig) -> None:
         raise ConfigError(f"--model-dim {cfg.model_dim} must be a multiple of --heads {cfg.heads}")
     if not isinstance(cfg.data, str):
         raise ConfigError(f"--data must be a path, got {cfg.data!r}")
-    if cfg.task in RECIPES and cfg.task != "charlm":
-        given = [_flag(name) for name in MODEL_FLAGS if getattr(cfg, name) != _default(RunConfig, name)]
-        if given:
-            raise ConfigError(f"{given[0]} applies to --task charlm, not --task {cfg.task}")
 
 
-# Settings that only some modes read: (part of RunConfig, field) -> (where it applies, in words; whether this
-# run reads it). A value other than the default where the run does not read it is refused, not ignored.
-_ADAPTIVE = ("--deadline adaptive", lambda c: c.gossip.deadline == "adaptive")
-_LATEST = ("--mode gossip-async --async-rule latest",
-           lambda c: c.gossip.mode == "gossip-async" and c.gossip.async_rule == "latest")
-_DCASGD = ("--mode ps-dcasgd", lambda c: c.gossip.mode == "ps-dcasgd")
-_PS = ("the ps-* modes", lambda c: c.gossip.parameter_server)
-_ASYNC_SERVER = ("--mode ps-async, ps-ssp or ps-dcasgd", lambda c: c.gossip.mode in ("ps-async", "ps-ssp", "ps-dcasgd"))
-USED_ONLY_IN: dict[tuple[str, str], tuple[str, Any]] = {
-    ("gossip", "topology"): ("the gossip modes (the ps-* modes talk to the server)",
-                             lambda c: not c.gossip.parameter_server),
-    ("gossip", "gossip_every"): ("the gossip modes (ps-avg averages every --local-steps steps)",
-                                 lambda c: not c.gossip.parameter_server),
-    ("gossip", "round_seconds"): ("--schedule time", lambda c: c.gossip.schedule == "time"),
-    ("gossip", "async_rule"): ("--mode gossip-async", lambda c: c.gossip.mode == "gossip-async"),
-    ("gossip", "staleness_weight"): _LATEST,
-    ("gossip", "staleness_temperature"): ("--staleness-weight exp", lambda c: c.gossip.staleness_weight == "exp"),
-    ("gossip", "max_staleness"): _LATEST,
-    ("gossip", "deadline_k"): _ADAPTIVE,
-    ("gossip", "deadline_floor"): _ADAPTIVE,
-    ("gossip", "deadline_window"): _ADAPTIVE,
-    ("gossip", "straggler_fraction"): _ADAPTIVE,
-    ("gossip", "pace_tolerance"): _ADAPTIVE,
-    ("gossip", "consensus_step"): ("--compress float16 or int8", lambda c: c.gossip.compress != "none"),
-    ("gossip", "trim_fraction"): ("--aggregate trimmed-mean", lambda c: c.gossip.aggregate == "trimmed-mean"),
-    ("gossip", "byzantine_scale"): ("--byzantine", lambda c: bool(c.gossip.byzantine)),
-    ("coordinator", "local_steps"): ("--mode ps-avg", lambda c: c.gossip.mode == "ps-avg"),
-    ("coordinator", "soft_sync"): _ASYNC_SERVER,
-    ("coordinator", "staleness_lr"): _ASYNC_SERVER,
-    ("coordinator", "staleness_bound"): ("--mode ps-ssp", lambda c: c.gossip.mode == "ps-ssp"),
-    ("coordinator", "dc_lambda"): _DCASGD,
-    ("coordinator", "dc_adaptive"): _DCASGD,
-    ("coordinator", "dc_momentum"): _DCASGD,
-    ("coordinator", "dc_epsilon"): _DCASGD,
-    ("coordinator", "missing_worker"): _PS,
-    ("coordinator", "server_retries"): _PS,
+class Need(NamedTuple):
+    """A condition of a setting being read: the run's ``setting`` (a field of RunConfig or of its gossip or
+    coordinator part) has a value that ``holds``. ``where`` names such runs, ``fix`` says how to get one."""
+
+    setting: str
+    holds: Callable[[Any], bool]
+    where: str
+    fix: str
+
+
+_GOSSIP = Need("mode", lambda v: v in GOSSIP_MODES, "the gossip modes", "choose --mode gossip-sync or gossip-async")
+_SYNC = Need("mode", lambda v: v == "gossip-sync", "--mode gossip-sync", "choose --mode gossip-sync")
+_ASYNC = Need("mode", lambda v: v == "gossip-async", "--mode gossip-async", "choose --mode gossip-async")
+_LATEST = Need("async_rule", lambda v: v == "latest", "--async-rule latest", "add --async-rule latest")
+_EXP = Need("staleness_weight", lambda v: v == "exp", "--staleness-weight exp", "add --staleness-weight exp")
+_RATES = Need("mode", lambda v: v in SWARM_BUDGET_MODES, "--mode " + ", ".join(SWARM_BUDGET_MODES),
+              "choose one of those modes")
+_ADAPTIVE = Need("deadline", lambda v: v == "adaptive", "--deadline adaptive", "add --deadline adaptive")
+_COMPRESSED = Need("compress", lambda v: v != "none", "--compress float16 or int8", "add --compress float16 or int8")
+_TRIMMED = Need("aggregate", lambda v: v == "trimmed-mean", "--aggregate trimmed-mean", "add --aggregate trimmed-mean")
+_BYZANTINE = Need("byzantine", bool, "--byzantine RANKS", "add --byzantine RANKS")
+_BY_STEPS = Need("schedule", lambda v: v == "steps", "--schedule steps", "drop --schedule time")
+_BY_TIME = Need("schedule", lambda v: v == "time", "--schedule time", "add --schedule time")
+_PS = Need("mode", lambda v: v in PS_MODES, "the ps-* modes", "choose one of them")
+_PS_AVG = Need("mode", lambda v: v == "ps-avg", "--mode ps-avg", "choose --mode ps-avg")
+_SERVER_SGD = Need("mode", lambda v: v in PS_MODES and v != "ps-avg", "--mode ps-sync, ps-async, ps-ssp or ps-dcasgd",
+                   "choose one of those modes")
+_ON_ARRIVAL = Need("mode", lambda v: v in ("ps-async", "ps-ssp", "ps-dcasgd"), "--mode ps-async, ps-ssp or ps-dcasgd",
+                   "choose one of those modes")
+_SSP = Need("mode", lambda v: v == "ps-ssp", "--mode ps-ssp", "choose --mode ps-ssp")
+_DCASGD = Need("mode", lambda v: v == "ps-dcasgd", "--mode ps-dcasgd", "choose --mode ps-dcasgd")
+_DC_ADAPTIVE = Need("dc_adaptive", bool, "--dc-adaptive", "add --dc-adaptive")
+_TRAINS = Need("task", lambda v: v != "consensus", "a task that trains", "choose one (consensus only mixes)")
+_DECAYS = Need("lr_schedule", lambda v: v in ("cosine", "linear"), "--lr-schedule cosine or linear",
+               "add --lr-schedule cosine or linear")
+# a user's own task gets every field of its TaskContext, and may read any of them
+_CHARLM = Need("task", lambda v: v == "charlm" or v not in RECIPES, "--task charlm", "choose --task charlm")
+_CONSENSUS = Need("task", lambda v: v == "consensus" or v not in RECIPES, "--task consensus", "choose --task consensus")
+
+# The settings that only some runs read: field -> the conditions, all of which hold where it is read. A value
+# other than the default (for an "auto" field: other than what auto gives) where one fails is refused, not
+# ignored (``_check_unused``). Some of these have a check of their own that refuses them earlier, with more
+# to say; launch/flags.py lists the flags that every run reads, so that each flag is in one of the two.
+USED_ONLY_IN: dict[str, tuple[Need, ...]] = {
+    "topology": (_GOSSIP,), "gossip_every": (_GOSSIP, _BY_STEPS), "schedule": (_GOSSIP,), "partners": (_GOSSIP,),
+    "aggregate": (_GOSSIP,), "byzantine": (_GOSSIP,), "round_seconds": (_BY_TIME,), "rounds": (_BY_TIME,),
+    "overlap": (_SYNC,), "compress": (_SYNC,), "weight_by": (_SYNC,), "deadline": (_SYNC,),
+    "deadline_k": (_ADAPTIVE,), "deadline_floor": (_ADAPTIVE,), "deadline_window": (_ADAPTIVE,),
+    "straggler_fraction": (_ADAPTIVE,), "pace_tolerance": (_ADAPTIVE,),
+    "consensus_step": (_COMPRESSED,), "trim_fraction": (_TRIMMED,), "byzantine_scale": (_BYZANTINE,),
+    "async_rule": (_ASYNC,), "staleness_weight": (_ASYNC, _LATEST), "max_staleness": (_ASYNC, _LATEST),
+    "staleness_temperature": (_ASYNC, _LATEST, _EXP), "rate_compensation": (_RATES,),
+    "local_steps": (_PS_AVG,), "outer_optimizer": (_PS_AVG,), "outer_lr": (_PS_AVG,), "outer_momentum": (_PS_AVG,),
+    "server_lr": (_SERVER_SGD,), "server_momentum": (_SERVER_SGD,), "soft_sync": (_ON_ARRIVAL,),
+    "staleness_lr": (_ON_ARRIVAL,), "staleness_bound": (_SSP,), "dc_lambda": (_DCASGD,), "dc_adaptive": (_DCASGD,),
+    "dc_momentum": (_DCASGD, _DC_ADAPTIVE), "dc_epsilon": (_DCASGD, _DC_ADAPTIVE),
+    "missing_worker": (_PS,), "server_retries": (_PS,),
+    "optimizer": (_TRAINS,), "lr": (_TRAINS,), "momentum": (_TRAINS,), "betas": (_TRAINS,),
+    "weight_decay": (_TRAINS,), "lr_schedule": (_TRAINS,), "warmup_steps": (_TRAINS,), "batch_size": (_TRAINS,),
+    "min_lr": (_TRAINS, _DECAYS),
+    "data": (_CHARLM,), "context": (_CHARLM,), "layers": (_CHARLM,), "model_dim": (_CHARLM,), "heads": (_CHARLM,),
+    "dim": (_CONSENSUS,),
 }
 
 
@@ -621,12 +641,40 @@ def _check_ports(cfg: GossipConfig) -> None:
 
 
 def _check_unused(cfg: RunConfig) -> None:
-    """Refuse a setting that this run would not read (``USED_ONLY_IN``), naming where it applies."""
-    for (part, name), (where, used) in USED_ONLY_IN.items():
-        owner = getattr(cfg, part)
-        if getattr(owner, name) != _default(type(owner), name) and not used(cfg):
-            raise ConfigError(f"{_flag(name)} applies to {where}, not to this run (--mode {cfg.gossip.mode}); drop "
-                              "it or choose that mode")
+    """Refuse a setting given where this run would not read it (``USED_ONLY_IN``), naming where it applies
+    and the setting of this run that keeps it from applying."""
+    for name, needs in USED_ONLY_IN.items():
+        unmet = [need for need in needs if not need.holds(_value(cfg, need.setting))]
+        if unmet and _given(cfg, name):
+            where = needs[0].where + "".join(f" {'with' if i == 1 else 'and'} {n.where}" for i, n in enumerate(needs)
+                                             if i)
+            raise ConfigError(f"{_flag(name)} applies to {where}, not {_described(cfg, unmet[0].setting)}; drop it or "
+                              f"{' and '.join(need.fix for need in unmet)}")
+
+
+def _owner(cfg: RunConfig, name: str) -> Any:
+    """The part of ``cfg`` that holds field ``name``: the run itself, its gossip or its coordinator part."""
+    return next(part for part in (cfg, cfg.gossip, cfg.coordinator) if name in part.__dataclass_fields__)
+
+
+def _value(cfg: RunConfig, name: str) -> Any:
+    return getattr(_owner(cfg, name), name)
+
+
+def _given(cfg: RunConfig, name: str) -> bool:
+    """Does field ``name`` differ from its default (an "auto" field: from what auto gives this run)?"""
+    if name in AUTO_FIELDS:
+        return _value(cfg, name) != recipe_values(cfg.task, cfg.optimizer, cfg.steps, cfg.lr)[name]
+    owner = _owner(cfg, name)
+    return getattr(owner, name) != _default(type(owner), name)
+
+
+def _described(cfg: RunConfig, name: str) -> str:
+    """This run's setting ``name`` as its flag says it: "--mode ps-sync", or "a run without --dc-adaptive"."""
+    value = _value(cfg, name)
+    if value in (False, (), ""):
+        return f"a run without {_flag(name)}"
+    return f"{_flag(name)} {value}"
 
 
 def _default(cls: type, name: str) -> Any:

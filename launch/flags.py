@@ -267,6 +267,16 @@ OWNERS = (RUN_FIELDS, RENDEZVOUS_FIELDS, GOSSIP_FIELDS, COORDINATOR_FIELDS)
 OWN_DEFAULTS: dict[str, Any] = {"start_method": START_METHODS[0], "progress": "auto", "plot": True, "server": False}
 CHOICES = {"start_method": START_METHODS, "progress": ("auto", "live", "plain", "off")}
 SWITCHES = frozenset({"server"})  # given or not, no --no- form
+# The flags that belong to no one mode or task (what to run, where and how its processes run and wait, what
+# they write); every other flag is read only where gossip.config.USED_ONLY_IN says, and refused elsewhere.
+# ``--steps`` is read under --schedule time too: it sizes an auto --warmup-steps.
+READ_BY_EVERY_RUN = frozenset({
+    "nodes", "mode", "task", "steps", "out", "seed", "threads_per_peer", "start_method", "partition", "speeds",
+    "compute_ms", "link_mbit", "link_latency_ms", "chunk_mb", "queue_depth", "peer_timeout", "round_timeout",
+    "startup_timeout", "send_timeout", "shutdown_timeout", "checkpoint_every", "max_restarts", "keep_going",
+    "allow_divergence", "secure", "server", "hosts", "hostfile", "world_size", "initial_peers", "rank", "device",
+    "bind", "base_port", "announce", "host", "rendezvous_port", "rendezvous_timeout", "remote_shell",
+    "remote_python", "ipc", "progress", "plot", "eval_every", "log_every"})
 
 
 class FlagParser(argparse.ArgumentParser):

@@ -13,6 +13,7 @@ hosts, or under torchrun): copy every host's output directory into DIR first."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -153,13 +154,11 @@ def summarise(cfg: RunConfig, out: Path, wall_seconds: float, plot: bool = True,
     if server:
         summary["server"] = server
     which = "the server's model" if server else "the peers' averaged model"
-    server_lr = " or set --server-lr" if server and server.get("optimizer") else ""
     if problem:
-        summary["error"] = (f"{which} (model-final.pt) is not a usable model: {problem}; lower --lr (now "
-                            f"{cfg.lr:g}){server_lr}")
+        summary["error"] = f"{which} (model-final.pt) is not a usable model: {problem}; {remedy(cfg, server)}"
     elif learned_nothing and not cfg.allow_divergence:
-        summary["error"] = (f"the run diverged: {which} (model-final.pt) learned nothing: {learned_nothing}; lower "
-                            f"--lr (now {cfg.lr:g}){server_lr}, or pass --allow-divergence")
+        summary["error"] = (f"the run diverged: {which} (model-final.pt) learned nothing: {learned_nothing}; "
+                            f"{remedy(cfg, server)}, or pass --allow-divergence")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if summary["error"]:
         raise Diverged(summary["error"])
@@ -188,6 +187,14 @@ def training(cfg: RunConfig) -> dict[str, Any]:
     return {"name": cfg.optimizer, "lr": cfg.lr, "schedule": cfg.lr_schedule, "warmup_steps": cfg.warmup_steps,
             "min_lr": cfg.min_lr, "weight_decay": cfg.weight_decay, "batch_size": cfg.batch_size,
             **({"betas": list(cfg.betas)} if cfg.optimizer == "adamw" else {"momentum": cfg.momentum})}
+
+
+def remedy(cfg: RunConfig, server: dict[str, Any] | None) -> str:
+    """What to change when the run's product model is unusable or learned nothing: keep the garbage of the
+    --byzantine peers out of the mean, or else take smaller steps."""
+    if cfg.gossip.byzantine and cfg.gossip.aggregate == "mean":
+        return "the --byzantine peers' garbage reached the plain mean: use --aggregate median or trimmed-mean"
+    return f"lower --lr (now {cfg.lr:g}){' or set --server-lr' if server and server.get('optimizer') else ''}"
 
 
 def product_problem(state: dict[str, torch.Tensor], metrics: dict[str, Any]) -> str | None:
@@ -337,9 +344,13 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Summarise a run whose peers' files were collected into DIR.")
     parser.add_argument("out", type=Path, metavar="DIR", help="holds config.json and every peer's files")
     parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="write summary.png")
+    parser.add_argument("--allow-divergence", action="store_true", help="exit 0 even when the run's model learned "
+                        "nothing (test accuracy at chance, or loss no lower than untrained)")
     args = parser.parse_args(argv)
     try:
         cfg = RunConfig.from_dict(json.loads((args.out / "config.json").read_text()))
+        if args.allow_divergence:
+            cfg = dataclasses.replace(cfg, allow_divergence=True)
         missing = [f"{kind}-{rank}.{ext}" for rank in range(cfg.nodes) for kind, ext in
                    (("peer", "jsonl"), ("model", "pt"), ("trace", "npz")) if not (args.out / f"{kind}-{rank}.{ext}").exists()]
         if missing:

@@ -158,7 +158,7 @@ def test_the_longest_waits_are_accepted():
 
 
 def test_json_round_trip_gives_an_equal_object():
-    cfg = RunConfig(nodes=3, task="consensus", steps=17, out="runs/x", speeds=(1.0, 0.5, 0.25), compute_ms=2.5,
+    cfg = RunConfig(nodes=3, task="digits", steps=17, out="runs/x", speeds=(1.0, 0.5, 0.25), compute_ms=2.5,
                     lr=0.1, momentum=0.0, gossip=GossipConfig(
                         rank=2, world_size=3, mode="gossip-async", async_rule="latest", staleness_weight="exp", staleness_temperature=2.0,
                         endpoints=("tcp://a:1", "tcp://b:2", "tcp://c:3"), chunk_mb=0.5, gossip_every=3))

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from launch.summary import CHANCE_MARGIN, divergence
+from gossip.config import GossipConfig, RunConfig
+from launch.summary import CHANCE_MARGIN, divergence, remedy
+from launch.summary import main as summary_main
 
 UNTRAINED = {"accuracy": 0.106, "loss": 2.312}
 
@@ -26,6 +28,14 @@ def test_learning_nothing_is_a_loss_no_lower_than_untrained_or_chance_accuracy(f
     assert divergence(final, UNTRAINED, chance) == expected
 
 
+def test_the_remedy_names_the_cause():
+    assert remedy(RunConfig(lr=100), None) == "lower --lr (now 100)"
+    assert remedy(RunConfig(lr=100), {"optimizer": {"lr": 1.0}}) == "lower --lr (now 100) or set --server-lr"
+    garbage = RunConfig(gossip=GossipConfig(world_size=4, byzantine=(3,)))
+    assert remedy(garbage, None) == ("the --byzantine peers' garbage reached the plain mean: use --aggregate median "
+                                     "or trimmed-mean")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_run_at_chance_fails_unless_divergence_is_allowed(launch_run):
@@ -35,6 +45,9 @@ def test_a_run_at_chance_fails_unless_divergence_is_allowed(launch_run):
     assert line.startswith("gossip-launch: error: the run diverged: the peers' averaged model (model-final.pt) "
                            "learned nothing: its test") and "lower --lr (now 100), or pass --allow-divergence" in line
     assert run.summary["diverged"] and run.summary["error"] and run.summary["untrained_model"]["loss"] > 2
+    # the same verdict when the files are summarised on their own (peers started by hand or under torchrun)
+    assert summary_main([str(run.out), "--no-plot"]) == 1
+    assert summary_main([str(run.out), "--no-plot", "--allow-divergence"]) == 0
     allowed = launch_run("--lr", "100", "--steps", "60", "--allow-divergence", name="allowed")
     assert allowed.returncode == 0
     assert allowed.stderr.strip().splitlines()[-1].startswith("warning: the run diverged: the peers' averaged model")
