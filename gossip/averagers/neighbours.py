@@ -159,7 +159,7 @@ class GossipAverager(Averager):
         """The frames of a "params" message carrying ``snapshot`` with push-sum mass ``weight``."""
         header = self._payload_header("params", round, weight)
         if self.rank in self.config.byzantine:  # fault injection: the wire gets garbage, our own model is kept
-            seed = (self.config.seed * 1_000_003 + self.rank) * 1_000_003 + round
+            seed = ((self.config.seed * 1_000_003 + self.rank) * 1_000_003 + round) % (1 << 63)  # torch's seed range
             return encode(header, byzantine_garbage(snapshot, self.config.byzantine_scale, seed))
         return encode(header, snapshot)
 
