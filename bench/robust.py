@@ -36,7 +36,8 @@ def run_one(out: Path, args: argparse.Namespace, topology: str, aggregate: str, 
     command = [sys.executable, "-m", "launch", "--nodes", str(args.nodes), "--topology", topology, "--steps",
                str(args.steps), "--aggregate", aggregate, "--seed", str(args.seed), "--round-timeout",
                str(args.round_timeout), "--out", str(out), "--progress", "off", "--no-plot",
-               "--base-port", str(free_port_range(args.nodes))]
+               "--base-port", str(free_port_range(args.nodes)),
+               "--allow-divergence"]  # the garbage may ruin a run: that is what the table shows
     if scale is not None:
         command += ["--byzantine", str(args.byzantine), "--byzantine-scale", f"{scale:g}"]
     began = time.monotonic()
