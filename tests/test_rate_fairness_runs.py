@@ -58,8 +58,9 @@ def test_the_asynchronous_modes_reach_the_mean_of_the_objectives(launch_run, mod
         steps = [next(e for e in run.events(r) if e["event"] == "end")["step"] for r in range(6)]
         budget = 6 * run.summary["steps"]  # the swarm's, spent (up to a step a peer: gossip-async looks ahead)
         assert budget - 6 <= sum(steps) <= budget + 6 * 6, steps
-        if speeds == "slow":  # a fast peer takes more than --steps steps, the slow one fewer
-            assert steps[5] < run.summary["steps"] < min(steps[:5]), steps
+        if speeds == "slow":  # the fast peers take more than --steps steps on average, the slow one fewer
+            # (not each fast peer: on a loaded machine one of them may be slowed too, 199 against 200)
+            assert steps[5] < run.summary["steps"] < sum(steps[:5]) / 5, steps
 
 
 @pytest.mark.parametrize("mode", ASYNCHRONOUS)
