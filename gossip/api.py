@@ -36,7 +36,7 @@ def attach(model: nn.Module, config: GossipConfig | None = None, coordinator: Co
     ``coordinator`` holds the parameter-server settings. ``rank`` and ``world_size`` (and ``endpoints``),
     where not given, come from torchrun, SLURM or MPI (``environ``, default ``os.environ``; see
     ``gossip/join.py``); with none of them the process trains alone. ``resume``: this process restarts a
-    peer, with the counters of its checkpoint (see ``Averager.start``, or ``Averager.load_state_dict``).
+    peer, with the counters of its checkpoint (what ``averager.state_dict()`` returned; see ``Averager.start``).
     In the ps-* modes that send gradients (``averager.sends_gradients``), call ``averager.step()`` instead
     of ``optimizer.step()``.
     """
@@ -50,10 +50,10 @@ def attach(model: nn.Module, config: GossipConfig | None = None, coordinator: Co
             given |= {"rank", "world_size"}
         flat = FlatParams(model, config.chunk_bytes)
         config = locate(config, given, os.environ if environ is None else environ, flat.layout)
-        return open_averager(flat, config, coordinator, resume, keywords=True)
     except GossipError as exc:
         exc.args = (as_keywords(str(exc)),)
         raise
+    return open_averager(flat, config, coordinator, resume, keywords=True)  # (which spells its own errors)
 
 
 def open_averager(flat: FlatParams, config: GossipConfig, coordinator: CoordinatorConfig | None = None,

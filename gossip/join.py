@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from gossip.config import GossipConfig
 from gossip.errors import ConfigError
@@ -71,7 +70,7 @@ def _meet(config: GossipConfig, plan: Plan, layout: Layout) -> GossipConfig:
         exchange.check_port(listen, config.base_port + rank, f"peer {rank}")
         return f"tcp://{announce}:{config.base_port + rank}"
 
-    settings = {name: value for name, value in _values(config).items() if name not in PER_PEER}
+    settings = {name: value for name, value in dataclasses.asdict(config).items() if name not in PER_PEER}
     meeting.open()
     try:  # (a peer that cannot join tells the others in the store: ``join``)
         assignment = meeting.join(endpoint_of, {**settings, "model_layout": layout.fingerprint}, plan.world_size,
@@ -80,7 +79,3 @@ def _meet(config: GossipConfig, plan: Plan, layout: Layout) -> GossipConfig:
         meeting.close()
     return dataclasses.replace(config, endpoints=assignment.endpoints,
                                server_endpoint=assignment.server_endpoint or config.server_endpoint)
-
-
-def _values(config: GossipConfig) -> dict[str, Any]:
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}

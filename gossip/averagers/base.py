@@ -242,9 +242,14 @@ class Averager(ABC):
             if finish:
                 self._finish()
         finally:
-            flush = self._close_flush_seconds() if finish else min(ABORT_FLUSH_SECONDS, self.config.shutdown_timeout) \
-                if self.aborted else 0.0
-            self.transport.close(flush_timeout=flush)
+            self.transport.close(flush_timeout=self._flush_seconds(finish))
+
+    def _flush_seconds(self, finish: bool) -> float:
+        """How long close() delivers what is queued: all of it when finishing; after an error only an abort
+        we sent (briefly); otherwise nothing."""
+        if finish:
+            return self._close_flush_seconds()
+        return min(ABORT_FLUSH_SECONDS, self.config.shutdown_timeout) if self.aborted else 0.0
 
     def __enter__(self) -> Averager:
         return self
