@@ -162,9 +162,13 @@ def test_a_stranger_cannot_end_or_skew_an_asynchronous_push_sum_run(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_mean_drift"] < 1e-12 and summary["consensus_distance"] < 1e-6, summary
     dropped = summary["peers"][0]["dropped"]
-    assert dropped == {"weight": 2, "horizon": 1, "after-bye": 1, "bye-ack": 1}, dropped
+    byes_dropped = dropped.pop("after-bye", 0)
+    assert dropped == {"weight": 2, "horizon": 1, "bye-ack": 1}, dropped
     end = json.loads((out / "peer-0.jsonl").read_text().splitlines()[-1])
-    assert end["forged_byes"] == 1  # peer 1's next message undid the bye (sent at once: it got our bye-ack)
+    # each forged bye was either held and then undone by peer 1's next message (sent at once: it got our
+    # bye-ack), or, arriving while the first was held, dropped; which depends on whether a message of peer 1
+    # landed between the two (a full-suite run saw both undone, none dropped)
+    assert end["forged_byes"] >= 1 and end["forged_byes"] + byes_dropped == 2, (end["forged_byes"], byes_dropped)
 
 
 def _compressed(layout: Layout, codec: str, sender: int, round: int) -> list:
