@@ -69,8 +69,9 @@ class Mailbox:
         self._down_since: dict[int, float] = {}  # neighbour -> when our connection to it dropped
         self._restarted: set[int] = set()  # said hello a second time: a new incarnation, not yet re-admitted
         # said hello again while its old connection (or our link to it) was up: since when, the connection
-        # whose close would confirm it (None: our link's drop would), the connection the hello came on
-        self._unconfirmed: dict[int, tuple[float, int | None, int | None]] = {}
+        # whose close would confirm it (None: our link's drop would), the connection the hello came on, the hello
+        self._unconfirmed: dict[int, tuple[float, int | None, int | None, Message]] = {}
+        self.foreign: Counter[int] = Counter()  # sender -> messages in its name refused as another connection's
         self._came_on: dict[int, int] = {}  # sender -> the inbound connection of its latest filed message
         self._closed_connections: set[int] = set()  # those of them that have closed
         self._drops: Counter[int] = Counter()  # neighbour -> times our connection to it dropped
@@ -107,6 +108,15 @@ class Mailbox:
         self._check_claims(message.header)
         kind = message.header.kind
         with self._cond:
+            again = kind == "hello" and (sender in self._heard or sender in self._declared)
+            if again:  # "I restarted": believed, or held until the old connection closes (``_hello_again``)
+                if not self._hello_again(sender, connection, message):
+                    raise ProtocolError("hello-held", f"a second hello in peer {sender}'s name came over another "
+                                                      f"connection than its last message, which is still open")
+            elif self._foreign(sender, connection):
+                self.foreign[sender] += 1
+                raise ProtocolError("connection", f"a {kind} in peer {sender}'s name came over another connection "
+                                                  f"than its last message, which is still open")
             if kind == "welcome":  # we restarted, and ``sender`` takes us back in its round
                 if not self.rejoining:
                     raise ProtocolError("welcome", f"a welcome from peer {sender}, but we are not rejoining")
@@ -114,9 +124,7 @@ class Mailbox:
             else:
                 self._file(message)
             # only what was filed counts: a rejected message neither greets nor reports a pace
-            if kind == "hello" and (sender in self._heard or sender in self._declared):
-                self._hello_again(sender, connection)
-            else:
+            if not again:
                 self._note_connection(sender, connection)
                 if kind == "hello":
                     self._drops_at_hello[sender] = self._drops[sender]
@@ -169,36 +177,61 @@ class Mailbox:
             raise ProtocolError("horizon", f"peer {sender} reports a peer at step {max(header.progress)}; the run "
                                            f"has {self.max_steps}")
 
-    def _hello_again(self, sender: int, connection: int | None) -> None:
-        """A second hello (lock held). A new incarnation is a new process: its hello comes over a new
-        connection, and the old process's connection closed when it ended. Believed when the connection of
-        ``sender``'s latest message has closed (or it was declared dead, or we never had a link to it); a
-        hello over that same connection is no restart. Where the transport could not name the connections
-        (a message ahead of its connection's accept event), believed when our link to ``sender`` dropped
-        since its last hello. Otherwise it is held for ``CONFIRM_SECONDS``, in case the close (or drop) is
-        reported just after the hello, and forgotten after: a hello forged in a live neighbour's name does
-        not make us stop waiting for it, even after our link to it flapped."""
+    def _hello_again(self, sender: int, connection: int | None, hello: Message) -> bool:
+        """A second hello (lock held); False when it is held rather than taken. A new incarnation is a new
+        process: its hello comes over a new connection, and the old process's connection closed when it
+        ended. Believed when the connection of ``sender``'s latest message has closed (or it was declared
+        dead, or we never had a link to it either way: a peer never dials its in-neighbours, so on a
+        directed graph the link we know of is the one it made to us); a hello over that same connection is
+        no restart. Where the transport could not name the connections (a message ahead of its
+        connection's accept event), believed when our link to ``sender`` dropped since its last hello.
+        Otherwise it is held for ``CONFIRM_SECONDS``, in case the close (or drop) is reported just after
+        the hello, and forgotten after: a hello forged in a live neighbour's name does not make us stop
+        waiting for it, even after our link to it flapped, and is not filed (a server would answer it
+        with the whole model)."""
         previous = self._came_on.get(sender)
-        if sender in self._declared or sender not in self._up:
+        if sender in self._declared or (sender not in self._up and self._open(previous) is None):
             self._believe_restart(sender, connection)
         elif connection is not None and previous is not None:
             if connection == previous:
-                return
+                return True
             if previous in self._closed_connections:
                 self._believe_restart(sender, connection)
             else:
-                self._unconfirmed[sender] = (self.clock(), previous, connection)
+                self._unconfirmed[sender] = (self.clock(), previous, connection, hello)
+                return False
         elif self._drops[sender] > self._drops_at_hello.get(sender, 0):
             self._believe_restart(sender, connection)
         else:
-            self._unconfirmed[sender] = (self.clock(), None, connection)
+            self._unconfirmed[sender] = (self.clock(), None, connection, hello)
+            return False
+        return True
 
-    def _believe_restart(self, sender: int, connection: int | None) -> None:
+    def _open(self, connection: int | None) -> int | None:
+        """``connection`` if it is known and has not closed."""
+        return connection if connection is not None and connection not in self._closed_connections else None
+
+    def _foreign(self, sender: int, connection: int | None) -> bool:
+        """A message in ``sender``'s name over a connection other than that of its latest message, which
+        is still open (lock held). A peer sends to us over one connection at a time (its DEALER's); a new
+        one replaces it only once it has closed (a restart, or a link that dropped), so a second open one
+        speaking for the same rank is someone else's. Refused whatever it claims: no stranger's message,
+        however plausible, can then make the sender's later genuine ones stale, hold a slot as a proven
+        connection, or speak for the sender to a server."""
+        owner = self._open(self._came_on.get(sender))
+        return owner is not None and connection != owner  # (a connection not known yet is a new one)
+
+    def _believe_restart(self, sender: int, connection: int | None, held: Message | None = None) -> None:
         self._unconfirmed.pop(sender, None)
         self._drops_at_hello[sender] = self._drops[sender]
         self._note_connection(sender, connection)
         self._restarted.add(sender)
         self._restart(sender)
+        if held is not None:  # a hello held for confirmation: filed now (a server answers it)
+            try:
+                self._file(held)
+            except ProtocolError:
+                pass
 
     def _note_connection(self, sender: int, connection: int | None) -> None:
         if connection is not None and self._came_on.get(sender) != connection:
@@ -210,11 +243,11 @@ class Mailbox:
         with self._cond:
             if connection in self._came_on.values():
                 self._closed_connections.add(connection)
-            for sender, (since, previous, new) in list(self._unconfirmed.items()):
+            for sender, (since, previous, new, hello) in list(self._unconfirmed.items()):
                 if previous == connection:
                     del self._unconfirmed[sender]
                     if self.clock() - since < CONFIRM_SECONDS:
-                        self._believe_restart(sender, new)
+                        self._believe_restart(sender, new, hello)
             self._cond.notify_all()
 
     def _restart(self, sender: int) -> None:
@@ -232,9 +265,9 @@ class Mailbox:
                 self._drops[peer] += 1
                 held = self._unconfirmed.get(peer)
                 if held is not None and held[1] is None:  # (a hello held on a connection waits for its close)
-                    since, _, new = self._unconfirmed.pop(peer)
+                    since, _, new, hello = self._unconfirmed.pop(peer)
                     if self.clock() - since < CONFIRM_SECONDS:
-                        self._believe_restart(peer, new)
+                        self._believe_restart(peer, new, hello)
             self._cond.notify_all()
 
     def _dead(self) -> set[int]:
@@ -305,7 +338,20 @@ class Mailbox:
         missing = self._wait(lambda: set(senders) - self._heard, timeout)
         if missing:
             raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {ranks_text(missing)} within {timeout:g} s "
-                              f"of starting (--startup-timeout); are they running, on the same --base-port?")
+                              f"of starting (--startup-timeout); are they running, on the same --base-port?"
+                              f"{self.impostors(missing)}")
+
+    def impostors(self, senders: Iterable[int]) -> str:
+        """For a timeout's line: how many messages in the name of ``senders`` were refused for coming over a
+        second connection while the first was open (a stranger that spoke for one of them first holds its
+        name until its connection closes); empty when none were."""
+        with self._cond:
+            refused = {j: self.foreign[j] for j in senders if self.foreign[j]}
+        if not refused:
+            return ""
+        return (f"; {sum(refused.values())} message(s) in the name of peer(s) {ranks_text(refused)} were refused for "
+                "coming over a second connection while another one spoke for them: a stranger may hold their "
+                "names (run with --secure)")
 
     def fail(self, exc: BaseException) -> None:
         """The transport died (its ``on_failure``): every wait raises with the reason instead of timing out."""

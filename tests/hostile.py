@@ -64,7 +64,8 @@ def kinds(layout: Layout, world_size: int, rng: random.Random) -> dict[str, Call
         "sender": lambda: _with_header(_valid(layout, 1, 0), r=world_size + rng.randrange(1, 100)),
         "kind": lambda: _with_header(_valid(layout, 1, 0), k="gimme"),
         "version": lambda: _with_header(_valid(layout, 1, 0), v=99),
-        "stale-round": lambda: _valid(layout, 1, 0),  # a replay of round 0 long after it ended
+        # a replay of peer 1's round 0, long after it ended, over a connection that is not peer 1's
+        "connection": lambda: _valid(layout, 1, 0),
     }
 
 

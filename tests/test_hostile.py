@@ -18,7 +18,7 @@ NODES, STEPS = 4, 400
 
 def _attacked_run(out, proof_every: int = 0) -> tuple[dict, Counter[str]]:
     """A 4-peer ring that trains 400 steps while peer 0 takes ``attack``'s 11,000 hostile messages from
-    round 5 on (with ``proof_every``, a hello in peer 1's name before every that many); the run's summary
+    round 5 on (with ``proof_every``, a hello in peer 2's name before every that many); the run's summary
     and what was sent."""
     base = free_base_port(NODES)
     launcher = start_launcher(out, NODES, "--steps", str(STEPS), "--compute-ms", "15", base_port=base)
@@ -26,7 +26,7 @@ def _attacked_run(out, proof_every: int = 0) -> tuple[dict, Counter[str]]:
         wait_until(lambda: '"round": 5' in _read(out / "peer-0.jsonl"), 90, "peer 0 to reach round 5")
         layout = victim_layout(world_size=NODES)
         sent = attack(f"tcp://127.0.0.1:{base}", layout, NODES, count=11_000,
-                      proof=forged(layout, "hello", 1) if proof_every else None, proof_every=proof_every)
+                      proof=forged(layout, "hello", 2) if proof_every else None, proof_every=proof_every)
         stdout, stderr = launcher.communicate(timeout=240)
     finally:
         if launcher.poll() is None:
@@ -68,8 +68,9 @@ def test_a_peer_under_fire_keeps_training_and_counts_every_drop(tmp_path):
 
 
 def test_a_flood_that_proves_its_connection_is_cut_all_the_same(tmp_path):
-    # A stranger can send acceptable messages too: a hello in a neighbour's name is one. Sent before every
-    # 50 hostile messages, it makes the flood's connection one that "delivered a valid message". The guard
+    # A stranger can send acceptable messages too: a hello in the name of a peer that has not spoken to the
+    # victim (peer 2 is no neighbour of peer 0 on the ring) is one. Sent before every 50 hostile messages,
+    # it makes the flood's connection one that "delivered a valid message". The guard
     # makes no exception for such a connection: taking its waiting messages before judging it (tried on
     # 2026-11-26, to spare gossip-async's latest rule its cuts) let this flood hold the victim at 381 MB
     # against 280 MB for the others; the guard as it is cut it 33 times and held it to 297 MB.

@@ -11,7 +11,7 @@ import torch
 
 from gossip.averagers.mailboxes import LatestMailbox, MassMailbox, PushSumMailbox
 from gossip.coordinator.mailboxes import PER_WORKER, QueueMailbox
-from gossip.errors import PeerFailed, ProtocolError
+from gossip.errors import PeerFailed, PeerTimeout, ProtocolError
 from gossip.mailbox import CONFIRM_SECONDS
 from gossip.net.wire import MAX_REASON_CHARS, Header, Layout, abort_header, encode, params_header
 from tests.conftest import wait_until
@@ -44,6 +44,13 @@ def mailbox() -> LatestMailbox:
 def params(sender: int, step: int) -> list:
     header = params_header("params", sender, LAYOUT, CHUNK, round=step, step=step)
     return encode(header, [torch.full((50,), float(step))])
+
+
+def held(box, frames: list, connection: int | None = None) -> None:
+    """Deliver a second hello that must be held for confirmation, not taken (nor its connection proven)."""
+    with pytest.raises(ProtocolError) as raised:
+        box.deliver(None, frames, connection=connection)
+    assert raised.value.reason == "hello-held"
 
 
 def bye(sender: int, step: int) -> list:
@@ -145,6 +152,68 @@ def test_a_round_beyond_the_run_cannot_make_later_genuine_rounds_replays():
     assert box.latest_round == {1: 5}
 
 
+def refused(box, frames: list, connection: int, reason: str = "connection") -> None:
+    with pytest.raises(ProtocolError) as raised:
+        box.deliver(None, frames, connection=connection)
+    assert raised.value.reason == reason
+
+
+def test_a_message_at_the_horizon_over_a_strangers_connection_cannot_make_later_genuine_ones_replays():
+    box = push_sum_box(max_rounds=100)
+    box.deliver(None, forged_params(1, 3), connection=7)
+    refused(box, forged_params(1, 100, weight=0.0), connection=9)  # massless, at the horizon: not peer 1's link
+    refused(box, forged_params(1, 101, weight=0.0), connection=9)
+    box.deliver(None, forged_params(1, 4), connection=7)  # peer 1's next genuine message is taken
+    assert box.latest_round == {1: 4} and box.foreign == {1: 2}
+    box.connection_closed(7)  # its link dropped: it reconnects, and the new connection speaks for it
+    box.deliver(None, forged_params(1, 5), connection=11)
+    refused(box, forged_params(1, 6), connection=7)  # (a closed connection is nobody's again)
+    assert box.latest_round == {1: 5}
+
+
+def test_a_stop_or_a_restart_in_a_live_senders_name_over_another_connection_changes_nothing():
+    box = mailbox()
+    box.deliver(None, params(1, 3), connection=7)
+    refused(box, params(1, 800), connection=9)  # a step at the horizon would make peer 1's next ones replays
+    refused(box, bye(1, 3), connection=9)
+    refused(box, encode(Header(kind="welcome", sender=1, round=90, step=90)), connection=9)
+    box.deliver(None, params(1, 4), connection=7)
+    assert box.latest()[1].message.header.step == 4 and box.dead() == set()
+
+
+def test_on_a_directed_graph_a_hello_over_a_second_connection_is_held_though_we_never_dialed_the_sender():
+    box = push_sum_box()  # peer 1 sends to us; we never dial it, so no link to it is ever reported
+    box.deliver(None, encode(Header(kind="hello", sender=1)), connection=7)
+    box.deliver(None, forged_params(1, 3), connection=7)
+    held(box, encode(Header(kind="hello", sender=1)), connection=9)  # forged: peer 1's connection 7 is open
+    assert box.take_restarted() == set()
+    held(box, encode(Header(kind="hello", sender=1)), connection=12)  # a real restart: its hello, then...
+    box.connection_closed(7)  # ...the close of its old process's connection
+    assert box.take_restarted() == {1}
+
+
+def test_the_server_neither_queues_nor_answers_a_workers_hello_over_another_connection():
+    box = QueueMailbox(4, 5, LAYOUT, lambda sender, round: sender < 4, capacity=16, contribution="grad")
+    grad = encode(params_header("grad", 0, LAYOUT, CHUNK), [torch.zeros(50)])
+    box.deliver(None, encode(Header(kind="hello", sender=0)), connection=3)
+    box.deliver(None, grad, connection=3)
+    for _ in range(2 * PER_WORKER):  # a flood of hellos and byes in worker 0's name: not one takes its share
+        held(box, encode(Header(kind="hello", sender=0)), connection=5)
+        refused(box, encode(Header(kind="bye", sender=0, step=1)), connection=5)
+    box.deliver(None, encode(Header(kind="hello", sender=0)), connection=3)  # its own "are you alive?"
+    assert [box.get(0).header.kind for _ in range(3)] == ["hello", "grad", "hello"] and box.get(0) is None
+
+
+def test_a_stranger_that_spoke_first_for_a_peer_is_named_when_we_give_up_waiting_for_that_peer():
+    box = push_sum_box()
+    box.deliver(None, encode(Header(kind="hello", sender=1)), connection=9)  # before peer 1 ever connected
+    held(box, encode(Header(kind="hello", sender=1)), connection=7)  # peer 1's own: its name is taken
+    refused(box, forged_params(1, 0), connection=7)
+    with pytest.raises(PeerTimeout, match=r"for their last messages \(--round-timeout\); 1 message\(s\) in the name "
+                                          r"of peer\(s\) 1 were refused .* \(run with --secure\)$"):
+        box.wait_counts({1: 1}, idle_timeout=0.05)
+
+
 def test_a_rejected_message_reports_no_pace():
     box = push_sum_box()
     box.deliver(None, forged_params(1, 5, step_seconds=0.1))
@@ -157,7 +226,7 @@ def test_a_second_hello_is_a_restart_only_with_the_drop_of_our_link():
     box = push_sum_box()
     box.link(1, up=True)
     box.deliver(None, encode(Header(kind="hello", sender=1)))
-    box.deliver(None, encode(Header(kind="hello", sender=1)))  # forged: our link to peer 1 never dropped
+    held(box, encode(Header(kind="hello", sender=1)))  # forged: our link to peer 1 never dropped
     assert box.take_restarted() == set() and box.dead() == set()
     box.link(1, up=False)  # ...unless the drop is reported just after it, as when it really restarted
     assert box.take_restarted() == {1}
@@ -172,7 +241,7 @@ def test_a_forged_hello_is_forgotten_once_the_confirmation_window_has_passed():
     box.clock = Clock()
     box.link(1, up=True)
     box.deliver(None, encode(Header(kind="hello", sender=1)))
-    box.deliver(None, encode(Header(kind="hello", sender=1)))  # forged
+    held(box, encode(Header(kind="hello", sender=1)))  # forged
     box.clock.advance(CONFIRM_SECONDS + 0.01)
     box.link(1, up=False)  # a drop this much later is not the restart the hello announced
     assert box.take_restarted() == set()
@@ -188,18 +257,18 @@ def test_a_hello_is_a_restart_only_once_the_connection_of_the_senders_last_messa
     box.link(1, up=False)  # our link to peer 1 flaps: not a restart, and no licence for a later hello
     box.link(1, up=True)
     box.deliver(None, hello, connection=7)  # over its own live connection: the same process
-    box.deliver(None, hello, connection=9)  # forged, from a stranger's connection, while 7 is open
+    held(box, hello, connection=9)  # forged, from a stranger's connection, while 7 is open
     box.clock.advance(CONFIRM_SECONDS + 0.01)
     box.connection_closed(9)
     box.connection_closed(7)  # ...and 7 closing this much later does not make it true
     assert box.take_restarted() == set() and box.dead() == set()
     box.deliver(None, forged_params(1, 4), connection=11)  # peer 1 reconnected (its link was cut)
-    box.deliver(None, hello, connection=12)  # a real restart: the new process's hello, then the old one's close
+    held(box, hello, connection=12)  # a real restart: the new process's hello, then the old one's close
     box.connection_closed(11)
     assert box.take_restarted() == {1}
     box.deliver(None, forged_params(1, 0), connection=12)  # the new incarnation counts rounds afresh
     box.connection_closed(13)
-    box.deliver(None, hello, connection=14)  # its connection 12 is open: a forged hello again
+    held(box, hello, connection=14)  # its connection 12 is open: a forged hello again
     box.link(1, up=False)  # a drop of our link does not confirm it either
     assert box.take_restarted() == set()
 

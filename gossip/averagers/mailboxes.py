@@ -85,7 +85,8 @@ class RoundMailbox(Mailbox):
         missing = self._wait(lambda: set(senders) - self._rounds.get(round, {}).keys() - self._dead(), timeout)
         if missing:
             raise PeerTimeout(f"peer {self.rank} waited {timeout:g} s for round {round} from peer(s) "
-                              f"{ranks_text(missing)} (--round-timeout); did they stop or fall behind?")
+                              f"{ranks_text(missing)} (--round-timeout); did they stop or fall behind?"
+                              f"{self.impostors(missing)}")
         return self.take_round(round)
 
     def take_round(self, round: int) -> dict[int, Message]:
@@ -199,7 +200,8 @@ class MassMailbox(Mailbox):
                     progress, last_change = seen, now
                 elif now - last_change >= idle_timeout:
                     raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {ranks_text(left)} for "
-                                      f"{idle_timeout:g} s while waiting for their last messages (--round-timeout)")
+                                      f"{idle_timeout:g} s while waiting for their last messages (--round-timeout)"
+                                      f"{self.impostors(left)}")
                 self.raise_if_stopped(left)
                 self._block(min(0.5, idle_timeout - (now - last_change)))
 

@@ -80,7 +80,7 @@ class ReplyMailbox(Mailbox):
 
         if self._wait(missing, timeout):
             raise PeerTimeout(f"worker {self.rank} waited {timeout:g} s for the parameter server's weights "
-                              "(--round-timeout); is the server running?")
+                              f"(--round-timeout); is the server running?{self.impostors({self.server})}")
         with self._cond:
             message, self._weights = self._weights, None
             self._acknowledged = False
