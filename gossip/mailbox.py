@@ -11,6 +11,7 @@ workers' in ``gossip/coordinator/mailboxes.py``.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from gossip.errors import PeerFailed, PeerTimeout, ProtocolError, TransportError
-from gossip.net.wire import Header, Layout, Message, decode
+from gossip.net.wire import MAX_INT, Header, Layout, Message, decode
 from gossip.progress import SwarmProgress
 from gossip.signals import raise_if_signalled
 
@@ -47,6 +48,10 @@ class Mailbox:
         self.max_rounds = self.max_steps = 0
         self.max_weight = 0.0
         self.rejoining = False  # welcomes are taken only while we rejoin
+        # drawn by this incarnation, sent in our hellos: a welcome is taken only when it echoes it, so one
+        # who never read our hello cannot welcome us (``nonce_of``: the neighbours' latest, to echo theirs)
+        self.nonce = secrets.randbelow(MAX_INT - 1) + 1
+        self._nonces: dict[int, int] = {}
         self.local_step = 0  # written by the training thread, read at arrival
         self._cond = threading.Condition()
         # what each blocked ``_wait`` still misses (its predicate): a delivery wakes the waiters only when
@@ -109,21 +114,28 @@ class Mailbox:
         kind = message.header.kind
         with self._cond:
             again = kind == "hello" and (sender in self._heard or sender in self._declared)
+            # a welcome that echoes our hello's nonce is proven, whatever connection first spoke for its sender
+            proven = kind == "welcome" and self.rejoining and message.header.nonce == self.nonce
             if again:  # "I restarted": believed, or held until the old connection closes (``_hello_again``)
                 if not self._hello_again(sender, connection, message):
                     raise ProtocolError("hello-held", f"a second hello in peer {sender}'s name came over another "
                                                       f"connection than its last message, which is still open")
-            elif self._foreign(sender, connection):
+            elif not proven and self._foreign(sender, connection):
                 self.foreign[sender] += 1
                 raise ProtocolError("connection", f"a {kind} in peer {sender}'s name came over another connection "
                                                   f"than its last message, which is still open")
             if kind == "welcome":  # we restarted, and ``sender`` takes us back in its round
                 if not self.rejoining:
                     raise ProtocolError("welcome", f"a welcome from peer {sender}, but we are not rejoining")
+                if message.header.nonce != self.nonce:
+                    raise ProtocolError("welcome-nonce", f"a welcome in peer {sender}'s name that answers no hello "
+                                                         "of ours")
                 self.first.setdefault(sender, message.header)
             else:
                 self._file(message)
             # only what was filed counts: a rejected message neither greets nor reports a pace
+            if kind == "hello":
+                self._nonces[sender] = message.header.nonce
             if not again:
                 self._note_connection(sender, connection)
                 if kind == "hello":
@@ -228,10 +240,16 @@ class Mailbox:
         self._restarted.add(sender)
         self._restart(sender)
         if held is not None:  # a hello held for confirmation: filed now (a server answers it)
+            self._nonces[sender] = held.header.nonce
             try:
                 self._file(held)
             except ProtocolError:
                 pass
+
+    def nonce_of(self, sender: int) -> int:
+        """The nonce of ``sender``'s latest hello that we took (0: none), for our welcome to echo."""
+        with self._cond:
+            return self._nonces.get(sender, 0)
 
     def _note_connection(self, sender: int, connection: int | None) -> None:
         if connection is not None and self._came_on.get(sender) != connection:

@@ -84,10 +84,11 @@ class Stranger:
         self.context = zmq.Context()
         self.sockets: list[zmq.Socket] = []
 
-    def connect(self) -> zmq.Socket:
+    def connect(self, reconnect_ms: int = 100) -> zmq.Socket:
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RECONNECT_IVL, reconnect_ms)  # (a quick one is first at a restarted peer's port)
         sock.connect(self.endpoint)
         self.sockets.append(sock)
         return sock

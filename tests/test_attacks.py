@@ -9,6 +9,9 @@ attacker" is exact: every peer's final model equals that of the same run without
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +191,53 @@ def test_a_stranger_cannot_end_or_skew_an_asynchronous_push_sum_run(tmp_path):
     assert dropped == {"weight": 2, "horizon": 1, "connection": 3}, dropped
     end = json.loads((out / "peer-0.jsonl").read_text().splitlines()[-1])
     assert end["forged_byes"] == 0, end["forged_byes"]
+
+
+def test_forged_welcomes_while_a_peer_restarts_are_not_taken(tmp_path):
+    """A restarted peer takes the round each neighbour welcomes it back in. Welcomes in its two neighbours'
+    names, naming a round near the run's end, sent all through its restart: it jumped there, its
+    neighbours waited a whole round timeout for it and were restarted in turn. A welcome must now echo the
+    nonce of the restarted incarnation's hello, which only those it said hello to have read; and one that
+    does takes its sender's name back from a stranger whose hellos reached the new incarnation first."""
+    out, steps, forged_round = tmp_path / "run", 300, 290
+    launcher, base = _start(out, run=["--steps", str(steps), "--compute-ms", "20", "--checkpoint-every", "10",
+                                      "--max-restarts", "1", "--round-timeout", "15"])
+    layout = victim_layout(world_size=NODES)
+    stranger = Stranger(f"tcp://127.0.0.1:{base + 3}")
+    sent = 0
+    try:
+        _wait_for_round(out, 30, log="peer-3.jsonl")
+        os.kill(json.loads((out / "peers.json").read_text())[3]["pid"], signal.SIGKILL)
+        stranger.connect(reconnect_ms=10)
+        welcomes = [forged(layout, kind, sender, round=forged_round, step=forged_round)
+                    for kind in ("hello", "welcome") for sender in (0, 2)]
+        deadline = time.monotonic() + 60  # from the kill until the new incarnation has rejoined, and a little
+        while time.monotonic() < deadline and _events(out / "peer-3.jsonl").count("ready") < 2:
+            stranger.send(*welcomes)
+            sent += len(welcomes)
+            time.sleep(0.01)
+        for _ in range(50):
+            stranger.send(*welcomes)
+            time.sleep(0.01)
+        code, stderr = _finish(launcher, out)
+    finally:
+        stranger.close()
+    assert code == 0, stderr[-3000:]
+    assert stderr.count("restarted it with --resume") == 1, stderr[-2000:]
+    events = [json.loads(line) for line in (out / "peer-3.jsonl").read_text().splitlines()]
+    resumed = next(e for e in events if e["event"] == "resume")
+    rejoined = [e for e in events if e["event"] == "ready"][-1]
+    assert resumed["step"] <= rejoined["round"] < forged_round, (resumed, rejoined)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == [], summary["failed"]
+    assert all(p["steps"] == steps for p in summary["peers"] if p["rank"] != 3), summary["peers"]
+
+
+def _events(path: Path) -> list[str]:
+    try:
+        return [json.loads(line)["event"] for line in path.read_text().splitlines() if line.endswith("}")]
+    except (OSError, ValueError):
+        return []
 
 
 def _compressed(layout: Layout, codec: str, sender: int, round: int) -> list:

@@ -74,8 +74,7 @@ class GossipAverager(Averager):
     def _greet(self) -> None:
         """Say hello to every first-round neighbour and wait for theirs."""
         neighbours = self._hello_peers()
-        self.transport.post(neighbours, encode(Header(kind="hello", sender=self.rank)), latest_only=False,
-                            timeout=self.config.send_timeout)
+        self.transport.post(neighbours, self._hello(), latest_only=False, timeout=self.config.send_timeout)
         self.mailbox.wait_hellos(neighbours, self.config.startup_timeout)
 
     def _rejoin_gossip(self, found: bool, blend: bool = False) -> dict[int, Header]:
@@ -87,8 +86,7 @@ class GossipAverager(Averager):
         peers = self._rejoin_peers()
         self.mailbox.keep_first = not found or blend
         self.mailbox.rejoining = True
-        self.transport.post(peers, encode(Header(kind="hello", sender=self.rank)), latest_only=False,
-                            timeout=self.config.send_timeout)
+        self.transport.post(peers, self._hello(), latest_only=False, timeout=self.config.send_timeout)
         with self._timed_wait():
             first = self.mailbox.wait_first(self._hello_peers(), self.config.round_timeout)
         self.mailbox.rejoining = False
@@ -104,6 +102,10 @@ class GossipAverager(Averager):
                  "; took the mean of ours and theirs" if found and blend and first else
                  "" if found else "; took their mean model (no checkpoint)")
         return first
+
+    def _hello(self) -> list:
+        """Our hello, with this incarnation's nonce: a neighbour's welcome must echo it."""
+        return encode(Header(kind="hello", sender=self.rank, nonce=self.mailbox.nonce))
 
     def _abort_peers(self) -> list[int]:
         return [peer for peer in self._rejoin_peers() if peer not in self.dead] if self.config.world_size > 1 else []
@@ -128,7 +130,8 @@ class GossipAverager(Averager):
         for peer in sorted(self.mailbox.take_restarted()):
             self.dead.discard(peer)
             self.readmitted += 1
-            welcome = Header(kind="welcome", sender=self.rank, round=self.rounds, step=self.local_step)
+            welcome = Header(kind="welcome", sender=self.rank, round=self.rounds, step=self.local_step,
+                             nonce=self.mailbox.nonce_of(peer))
             self.transport.post([peer], encode(welcome), latest_only=False, timeout=self.config.send_timeout)
             log.warning("peer %d: peer %d started again; re-admitted at round %d", self.rank, peer, self.rounds)
         for peer in sorted(self.mailbox.dead() - self.dead):

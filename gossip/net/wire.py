@@ -117,6 +117,8 @@ class Header:
     # gossip-async: the latest step of every peer that the sender knows of (its own is ``step``), empty elsewhere
     progress: tuple[int, ...] = ()
     reason: str = ""  # "abort" only: why the run stops, printable text of at most MAX_REASON_CHARS
+    # a gossip hello: a random number its sender's incarnation drew; a welcome: that of the hello it answers
+    nonce: int = 0
 
     @property
     def version(self) -> int:
@@ -129,6 +131,7 @@ class Header:
             "n": self.samples, "sp": float(self.speed), "st": float(self.step_seconds), "w": float(self.weight),
             "fp": self.fingerprint, "seg": [list(s) for s in self.segments], "ch": self.chunk_bytes,
             "pg": list(self.progress), **({"why": self.reason} if self.reason else {}),
+            **({"nc": self.nonce} if self.nonce else {}),
         })
 
 
@@ -260,10 +263,13 @@ def _decode_header(raw: bytes, world_size: int) -> Header:
         raise ProtocolError("field", "header field 'why' is not a line of printable text")
     if bool(reason) != (kind == "abort"):
         raise ProtocolError("field", f"a {kind} message {'carries' if reason else 'lacks'} a reason")
+    nonce = obj.get("nc", 0)
+    if type(nonce) is not int or not 0 <= nonce < MAX_INT:
+        raise ProtocolError("field", f"header field 'nc' is {nonce!r}, not a number below 2^53")
     return Header(kind=kind, sender=obj["r"], round=obj["round"], step=obj["step"], samples=obj["n"],
                   speed=obj["sp"], step_seconds=obj["st"], weight=obj["w"], fingerprint=fingerprint,
                   segments=tuple((s[0], s[1]) for s in segments), chunk_bytes=chunk_bytes,
-                  progress=tuple(progress), reason=reason)
+                  progress=tuple(progress), reason=reason, nonce=nonce)
 
 
 def _check_layout(header: Header, layout: Layout, frame_count: int) -> list[tuple[int, int, int]]:
