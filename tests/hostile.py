@@ -69,10 +69,10 @@ def kinds(layout: Layout, world_size: int, rng: random.Random) -> dict[str, Call
     }
 
 
-def forged(layout: Layout, kind: str, sender: int, **fields) -> list:
-    """A well-formed message of ``kind`` in ``sender``'s name (a params message carries zeros)."""
+def forged(layout: Layout, kind: str, sender: int, fill: float = 0.0, **fields) -> list:
+    """A well-formed message of ``kind`` in ``sender``'s name (a params or grad message carries ``fill``)."""
     if kind in ("params", "grad"):
-        return _with_header(_valid(layout, sender, 0), k=kind, **fields)
+        return _with_header(_valid(layout, sender, 0, fill=fill), k=kind, **fields)
     return [msgpack.packb({**msgpack.unpackb(Header(kind=kind, sender=sender).pack()), **fields})]
 
 

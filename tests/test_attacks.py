@@ -11,17 +11,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import zmq
 
 from gossip.compression import encode_difference_, scratch_numel
 from gossip.config import GossipConfig, RunConfig
 from gossip.net.wire import Layout, encode, params_header
-from tests.conftest import free_base_port, reap_peers, start_launcher, wait_until
+from tests.conftest import ROOT, free_base_port, reap_peers, start_launcher, wait_until
 from tests.hostile import Stranger, forged, victim_layout
 from tests.launcher import Launched
 
@@ -160,6 +163,132 @@ def test_guessed_byes_and_a_hello_flood_change_nothing_at_the_parameter_server(t
     theirs = torch.load(tmp_path / "clean" / "model-final.pt", weights_only=True)
     for name in mine:
         torch.testing.assert_close(mine[name], theirs[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [["--mode", "gossip-async"], ["--mode", "gossip-sync", "--deadline", "adaptive"]],
+                         ids=["async-push-sum", "sync-adaptive"])
+def test_a_massless_message_at_the_horizon_cuts_no_link(tmp_path, mode):
+    """A round equal to the run's horizon passes the horizon check; recorded as the sender's latest, it made
+    every later genuine message of that sender a replay, and the link was cut for the rest of the run
+    (drift of the mean 6.8e-7 instead of 1e-15). A message in a live neighbour's name over a connection
+    that is not that neighbour's is now refused, whatever it claims, so the mean stays exact."""
+    out = tmp_path / "run"
+    run = ["--steps", "200", "--task", "consensus", "--compute-ms", "20", *mode]
+    launcher, base = _start(out, run=run)
+    layout = victim_layout(task="consensus", world_size=NODES)
+    gossip = dict(zip(mode[::2], mode[1::2], strict=True))
+    horizon = RunConfig(nodes=NODES, steps=200, task="consensus", gossip=GossipConfig(
+        world_size=NODES, mode=gossip["--mode"], deadline=gossip.get("--deadline", "fixed"))).gossip.max_rounds
+    stranger = Stranger(f"tcp://127.0.0.1:{base}")
+    try:
+        _wait_for_round(out, 20)
+        stranger.send(*(forged(layout, "params", sender, round=round, step=0, w=0.0)
+                        for sender in (1, 3) for round in (horizon, horizon + 1)))
+        code, stderr = _finish(launcher, out)
+    finally:
+        stranger.close()
+    assert code == 0, stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_mean_drift"] < 1e-12, summary["final_mean_drift"]
+    assert summary["peers"][0]["dropped"] == {"connection": 4}, summary["peers"][0]["dropped"]
+
+
+def test_forged_gradients_do_not_move_an_asynchronous_server(tmp_path):
+    """Twenty finite gradients of 3.0 everywhere, 30 versions stale, in the workers' names: ps-async took
+    them all and ended at chance (0.100). The server hears a worker only over its own connection."""
+    out, steps, workers = tmp_path / "ps", 100, 3
+    launcher, base = _start(out, run=["--steps", str(steps), "--mode", "ps-async", "--compute-ms", "20"],
+                            nodes=workers)
+    layout = victim_layout(world_size=workers)
+    stranger = Stranger(f"tcp://127.0.0.1:{base + workers}")
+    try:
+        _wait_for_round(out, 30, log="server.jsonl", field="version")
+        stranger.send(*(forged(layout, "grad", n % workers, fill=3.0, round=0) for n in range(20)))
+        code, stderr = _finish(launcher, out)
+    finally:
+        stranger.close()
+    assert code == 0, stderr[-3000:]
+    events = [json.loads(line) for line in (out / "server.jsonl").read_text().splitlines()]
+    end = next(e for e in events if e["event"] == "end")
+    assert end["contributed"] == end["updates"] == workers * steps and end["dropped"] == {"connection": 20}, end
+    assert json.loads((out / "summary.json").read_text())["accuracy"] >= 0.85
+
+
+def test_forged_hellos_on_a_directed_graph_readmit_nobody(tmp_path):
+    """On the exponential graph a peer never dials its in-neighbours, so no link to them is ever reported;
+    a hello in an in-neighbour's name was believed at once as a restart: all five peers re-admitted one,
+    10% of the mass was lost (drift 0.0071). The in-neighbour's own open connection now holds its name."""
+    out, nodes = tmp_path / "exp", 5
+    run = ["--steps", "200", "--mode", "gossip-async", "--task", "consensus", "--topology", "exponential",
+           "--compute-ms", "20"]
+    launcher, base = _start(out, run=run, nodes=nodes)
+    layout = victim_layout(task="consensus", world_size=nodes)
+    strangers = [Stranger(f"tcp://127.0.0.1:{base + rank}") for rank in range(nodes)]
+    try:
+        _wait_for_round(out, 20)  # every in-neighbour (offsets 1, 2, 4, a round each) has spoken by now
+        for rank, stranger in enumerate(strangers):
+            stranger.send(*(forged(layout, "hello", (rank - offset) % nodes) for offset in (1, 2, 4)))
+        code, stderr = _finish(launcher, out)
+    finally:
+        for stranger in strangers:
+            stranger.close()
+    assert code == 0, stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_mean_drift"] < 1e-12, summary["final_mean_drift"]
+    ends = [json.loads((out / f"peer-{rank}.jsonl").read_text().splitlines()[-1]) for rank in range(nodes)]
+    assert [e["readmitted"] for e in ends] == [0] * nodes
+    assert [p["dropped"] for p in summary["peers"]] == [{"hello-held": 3}] * nodes
+
+
+def test_connections_proven_by_forged_hellos_cannot_keep_a_restarted_neighbour_out(tmp_path):
+    """A hello in a live neighbour's name made a stranger's connection "proven", which the connection cap
+    never cuts: such connections filled the slot a killed neighbour freed, and its restarted process's
+    connection was the one cut, again and again. A held hello proves nothing now: the cap cuts the
+    stranger's oldest connection instead, and the neighbour rejoins."""
+    out = tmp_path / "run"
+    launcher, base = _start(out, run=["--steps", "400", "--compute-ms", "20", "--checkpoint-every", "20",
+                                      "--keep-going", "--peer-timeout", "1", "--round-timeout", "10"])
+    layout = victim_layout(world_size=NODES)
+    stranger = Stranger(f"tcp://127.0.0.1:{base}")
+    cap = 2 * NODES + 16  # the victim's neighbours 1 and 3 hold two of its slots
+    monitors, again = [], None
+
+    def proven_connection() -> None:
+        sock = stranger.connect()
+        monitors.append(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+        sock.send_multipart(forged(layout, "hello", 1))
+        time.sleep(0.05)
+
+    try:
+        _wait_for_round(out, 20)
+        for _ in range(cap - 2):
+            proven_connection()
+        time.sleep(0.5)
+        assert not any(monitor.poll(0) for monitor in monitors)  # within the cap so far: nothing was cut
+        os.kill(json.loads((out / "peers.json").read_text())[3]["pid"], signal.SIGKILL)
+        wait_until(lambda: "peer 3 is dead" in (out / "peer-0.log").read_text(), 60, "peer 0 to declare peer 3 dead")
+        proven_connection()  # the slot peer 3's connection held
+        time.sleep(0.5)
+        again = subprocess.Popen([sys.executable, "-m", "gossip.peer", str(out / "config.json"), "--rank", "3",
+                                  "--resume"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while _events(out / "peer-3.jsonl").count("ready") < 2 and again.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # (looked at before the run ends, which closes every connection)
+        cut = [bool(monitor.poll(0)) for monitor in monitors[:-1]]
+        for monitor in monitors:
+            monitor.close(linger=0)
+        code, stderr = _finish(launcher, out)
+        again.wait(timeout=60)
+    finally:
+        stranger.close()
+        if again is not None and again.poll() is None:
+            again.kill()
+    assert code == 0 and again.returncode == 0, stderr[-3000:]
+    assert any(cut), cut  # before: only peer 3's connection, and the stranger's last one, were ever cut
+    end = json.loads((out / "peer-0.jsonl").read_text().splitlines()[-1])
+    assert end["readmitted"] == 1, end  # peer 0 took peer 3 back
 
 
 def test_a_stranger_cannot_end_or_skew_an_asynchronous_push_sum_run(tmp_path):
