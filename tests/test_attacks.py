@@ -322,44 +322,56 @@ def test_a_stranger_cannot_end_or_skew_an_asynchronous_push_sum_run(tmp_path):
     assert end["forged_byes"] == 0, end["forged_byes"]
 
 
+def _restarted_run(out: Path, steps: int, forged_round: int | None) -> tuple[int, str]:
+    """Peer 3 of a 4-peer ring is killed in round 30 and restarted; with ``forged_round``, a stranger sends
+    hellos and welcomes (naming that round) in its neighbours' names to its port all through the restart."""
+    launcher, base = _start(out, run=["--steps", str(steps), "--compute-ms", "20", "--checkpoint-every", "10",
+                                      "--max-restarts", "1", "--round-timeout", "15"])
+    layout = victim_layout(world_size=NODES)
+    stranger = Stranger(f"tcp://127.0.0.1:{base + 3}")
+    try:
+        _wait_for_round(out, 30, log="peer-3.jsonl")
+        os.kill(json.loads((out / "peers.json").read_text())[3]["pid"], signal.SIGKILL)
+        if forged_round is not None:
+            stranger.connect(reconnect_ms=10)
+            forgeries = [forged(layout, kind, sender, round=forged_round, step=forged_round)
+                         for kind in ("hello", "welcome") for sender in (0, 2)]
+            deadline = time.monotonic() + 60  # from the kill until the new incarnation has rejoined, and a little
+            while time.monotonic() < deadline and _events(out / "peer-3.jsonl").count("ready") < 2:
+                stranger.send(*forgeries)
+                time.sleep(0.01)
+            for _ in range(50):
+                stranger.send(*forgeries)
+                time.sleep(0.01)
+        return _finish(launcher, out)
+    finally:
+        stranger.close()
+
+
 def test_forged_welcomes_while_a_peer_restarts_are_not_taken(tmp_path):
     """A restarted peer takes the round each neighbour welcomes it back in. Welcomes in its two neighbours'
     names, naming a round near the run's end, sent all through its restart: it jumped there, its
     neighbours waited a whole round timeout for it and were restarted in turn. A welcome must now echo the
     nonce of the restarted incarnation's hello, which only those it said hello to have read; and one that
     does takes its sender's name back from a stranger whose hellos reached the new incarnation first."""
-    out, steps, forged_round = tmp_path / "run", 300, 290
-    launcher, base = _start(out, run=["--steps", str(steps), "--compute-ms", "20", "--checkpoint-every", "10",
-                                      "--max-restarts", "1", "--round-timeout", "15"])
-    layout = victim_layout(world_size=NODES)
-    stranger = Stranger(f"tcp://127.0.0.1:{base + 3}")
-    sent = 0
-    try:
-        _wait_for_round(out, 30, log="peer-3.jsonl")
-        os.kill(json.loads((out / "peers.json").read_text())[3]["pid"], signal.SIGKILL)
-        stranger.connect(reconnect_ms=10)
-        welcomes = [forged(layout, kind, sender, round=forged_round, step=forged_round)
-                    for kind in ("hello", "welcome") for sender in (0, 2)]
-        deadline = time.monotonic() + 60  # from the kill until the new incarnation has rejoined, and a little
-        while time.monotonic() < deadline and _events(out / "peer-3.jsonl").count("ready") < 2:
-            stranger.send(*welcomes)
-            sent += len(welcomes)
-            time.sleep(0.01)
-        for _ in range(50):
-            stranger.send(*welcomes)
-            time.sleep(0.01)
-        code, stderr = _finish(launcher, out)
-    finally:
-        stranger.close()
+    steps, forged_round = 300, 290
+    clean, attacked = tmp_path / "clean", tmp_path / "attacked"
+    assert _restarted_run(clean, steps, None)[0] == 0
+    code, stderr = _restarted_run(attacked, steps, forged_round)
     assert code == 0, stderr[-3000:]
     assert stderr.count("restarted it with --resume") == 1, stderr[-2000:]
-    events = [json.loads(line) for line in (out / "peer-3.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (attacked / "peer-3.jsonl").read_text().splitlines()]
     resumed = next(e for e in events if e["event"] == "resume")
     rejoined = [e for e in events if e["event"] == "ready"][-1]
     assert resumed["step"] <= rejoined["round"] < forged_round, (resumed, rejoined)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((attacked / "summary.json").read_text())
     assert summary["failed"] == [], summary["failed"]
     assert all(p["steps"] == steps for p in summary["peers"] if p["rank"] != 3), summary["peers"]
+    assert sum(summary["peers"][3]["dropped"].values()) > 0  # the stranger's messages reached it, and were refused
+    # a restart is not deterministic (where the peer rejoins depends on timing): the product model is compared
+    # with the same run's without the stranger, by test accuracy, within 0.02 (359 test images: 7 of them)
+    baseline = json.loads((clean / "summary.json").read_text())["accuracy"]
+    assert abs(summary["accuracy"] - baseline) <= 0.02, (summary["accuracy"], baseline)
 
 
 def _events(path: Path) -> list[str]:

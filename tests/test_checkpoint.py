@@ -340,12 +340,14 @@ def test_the_parameter_server_falls_back_to_its_previous_checkpoint_or_fails_in_
 
 # -- one real run: a peer restarted with --resume whose two checkpoints are both bad ----------------------
 
-DAMAGE_DIR = "GOSSIP_TEST_DAMAGE_DIR"
+DAMAGE_DIR, DAMAGE = "GOSSIP_TEST_DAMAGE_DIR", "GOSSIP_TEST_DAMAGE"
 
 
 def damages_its_checkpoints_then_dies(ctx: TaskContext) -> Task:
-    """Digits; peer 1, in its 25th step (after its checkpoints of steps 10 and 20), overwrites its newest
-    checkpoint with garbage and its previous one with NaN weights, then exits abruptly, once."""
+    """Digits; peer 1, in its 25th step (after its checkpoints of steps 10 and 20), damages both checkpoints
+    as GOSSIP_TEST_DAMAGE says, then exits abruptly, once: "garbage-nan" overwrites the newest with
+    garbage and gives the previous one NaN weights; "hostile" gives the newest a tensor of a billion
+    elements over one float of storage (stride 0) and the previous one a key no checkpoint has."""
     task = make_digits(ctx)
     out = Path(os.environ[DAMAGE_DIR])
     if ctx.rank != 1 or (out / "damaged").exists():
@@ -356,10 +358,16 @@ def damages_its_checkpoints_then_dies(ctx: TaskContext) -> Task:
         nonlocal steps
         steps += 1
         if steps == 25:
-            (out / "checkpoint-1.pt").write_bytes(b"garbage")
+            newest = torch.load(out / "checkpoint-1.pt", weights_only=True)
             state = torch.load(out / "checkpoint-1.prev.pt", weights_only=True)
-            for tensor in state["model"].values():
-                tensor.fill_(float("nan"))
+            if os.environ[DAMAGE] == "hostile":
+                one_value_claiming_a_billion(newest)
+                torch.save(newest, out / "checkpoint-1.pt")
+                unknown_top_level_key(state)
+            else:
+                (out / "checkpoint-1.pt").write_bytes(b"garbage")
+                for tensor in state["model"].values():
+                    tensor.fill_(float("nan"))
             torch.save(state, out / "checkpoint-1.prev.pt")
             (out / "damaged").touch()
             os._exit(9)
@@ -369,18 +377,26 @@ def damages_its_checkpoints_then_dies(ctx: TaskContext) -> Task:
     return task
 
 
+@pytest.mark.parametrize("damage,newest,previous", [
+    ("garbage-nan", "cannot read checkpoint {newest}", "checkpoint {previous} is unusable: 'model'[*] holds NaN or Inf"),
+    ("hostile", "checkpoint {newest} is unusable: 'model'[*] claims 1,000,000,000 elements over 4 bytes of storage",
+     "checkpoint {previous} is unusable: it has unknown 'payload' (a checkpoint of something else)"),
+])
 def test_a_peer_resumed_from_two_bad_checkpoints_rejoins_with_its_neighbours_models(launch_run, tmp_path,
-                                                                                  monkeypatch):
+                                                                                  monkeypatch, damage, newest,
+                                                                                  previous):
     monkeypatch.setenv(DAMAGE_DIR, str(tmp_path / "run"))
+    monkeypatch.setenv(DAMAGE, damage)
     run = launch_run("--steps", "100", "--compute-ms", "10", "--checkpoint-every", "10", "--max-restarts", "1",
                      "--task", "tests.test_checkpoint:damages_its_checkpoints_then_dies", nodes=3, timeout=100)
     assert "peer 1 failed (exit 9)" in run.stderr and "restarted it with --resume (1 of 1)" in run.stderr
     log = run.events(1)
     rejected = [e["message"] for e in log if e["event"] == "checkpoint-rejected"]
     assert len(rejected) == 2, rejected
-    assert rejected[0].startswith(f"cannot read checkpoint {run.out / 'checkpoint-1.pt'}")
-    assert rejected[1].startswith(f"checkpoint {run.out / 'checkpoint-1.prev.pt'} is unusable: 'model'[")
-    assert "holds NaN or Inf" in rejected[1]
+    paths = {"newest": run.out / "checkpoint-1.pt", "previous": run.out / "checkpoint-1.prev.pt"}
+    for message, expected in zip(rejected, (newest, previous), strict=True):
+        head, _, tail = expected.format(**paths).partition("*")
+        assert message.startswith(head) and tail in message, (message, expected)
     assert [e["found"] for e in log if e["event"] == "resume"] == [False]
     assert "Traceback" not in (run.out / "peer-1.log").read_text()
     ends = [e for rank in range(3) for e in run.events(rank) if e["event"] == "end"]
