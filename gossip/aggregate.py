@@ -22,6 +22,13 @@ How many inputs, and what each count gives (the first input is always the peer's
 - 3 or more: at least one value is trimmed from each end, so one garbage input is outvoted. The config
   refuses topologies that give a peer fewer than 2 in-neighbours, so an intact graph always gives 3.
 
+A parameter server uses the same rule on the N contributions of one version (ps-sync: the workers'
+gradients; ps-avg: their weights, or with an outer optimizer the pseudo-gradient from their aggregate;
+``gossip/coordinator/sgd.py``, ``averaging.py``). It has no model of its own among the inputs, so n is the
+number of workers in the batch: 4 workers give trim 1 under both rules (the mean of the middle two), and
+the config refuses a robust rule with fewer than 3 workers. A batch that shrank to 2 (``--missing-worker
+continue``) takes their mean, as above.
+
 Every input counts once, whatever push-sum weight its header claims: a weight is a claim from the
 network, and a message claiming weight 0 is an input like any other. gossip-sync counts every message of
 the round; gossip-async waits until it holds 3 inputs as long as 2 or more in-neighbours are alive, so
@@ -50,7 +57,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gossip.config import AGGREGATES
+from gossip.config import COORDINATE_WISE
 
 BLOCK_BYTES = 256 << 10  # with a few inputs, a block's rows stay in cache through the sorting network
 NETWORK_MAX = 16
@@ -59,8 +66,9 @@ MIN_INPUTS = 3  # of a robust rule: with one garbage input among 3, two honest o
 
 def trim_count(n: int, rule: str, trim_fraction: float) -> int:
     """How many values to drop from each end of ``n`` sorted values under ``rule`` (see the docstring)."""
-    if rule not in AGGREGATES:
-        raise ValueError(f"unknown aggregate {rule!r}; choose one of: {', '.join(AGGREGATES)}")
+    rules = ("mean", *COORDINATE_WISE)  # norm-clip judges whole gradients (gossip/coordinator/normbound.py)
+    if rule not in rules:
+        raise ValueError(f"no coordinate-wise aggregate {rule!r}; choose one of: {', '.join(rules)}")
     if rule == "mean" or n <= 2:
         return 0
     most = (n - 1) // 2

@@ -39,7 +39,9 @@ SCHEDULES = ("steps", "time")
 WEIGHT_BY = ("none", "samples")
 DEADLINES = ("fixed", "adaptive")
 PARTNERS = ("any", "similar-speed")
-AGGREGATES = ("mean", "median", "trimmed-mean")  # gossip/aggregate.py
+AGGREGATES = ("mean", "median", "trimmed-mean", "norm-clip")
+COORDINATE_WISE = ("median", "trimmed-mean")  # gossip/aggregate.py: gossip, ps-sync and ps-avg
+NORM_BOUNDED = ("ps-sync", "ps-async", "ps-ssp", "ps-dcasgd")  # norm-clip: gossip/coordinator/normbound.py
 COMPRESS = ("none", "float16", "int8")  # gossip/compression.py
 OPTIMIZERS = ("sgd", "adamw")  # gossip/optim.py
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -582,6 +584,10 @@ _ADAPTIVE = Need("deadline", lambda v: v == "adaptive", "--deadline adaptive", "
 _COMPRESSED = Need("compress", lambda v: v != "none", "--compress float16 or int8", "add --compress float16 or int8")
 _TRIMMED = Need("aggregate", lambda v: v == "trimmed-mean", "--aggregate trimmed-mean", "add --aggregate trimmed-mean")
 _BYZANTINE = Need("byzantine", bool, "--byzantine RANKS", "add --byzantine RANKS")
+_THREE = Need("nodes", lambda v: v >= 3, "--nodes 3 or more",
+              "use --nodes 3 or more (one bad input of 3 is outvoted by two)")
+_TWO = Need("nodes", lambda v: v >= 2, "--nodes 2 or more",
+            "use --nodes 2 or more (a byzantine peer needs an honest one to mislead)")
 _BY_STEPS = Need("schedule", lambda v: v == "steps", "--schedule steps", "drop --schedule time")
 _BY_TIME = Need("schedule", lambda v: v == "time", "--schedule time", "add --schedule time")
 _PS = Need("mode", lambda v: v in PS_MODES, "the ps-* modes", "choose one of them")
@@ -606,7 +612,7 @@ _CONSENSUS = Need("task", lambda v: v == "consensus" or v not in RECIPES, "--tas
 # to say; launch/flags.py lists the flags that every run reads, so that each flag is in one of the two.
 USED_ONLY_IN: dict[str, tuple[Need, ...]] = {
     "topology": (_GOSSIP,), "gossip_every": (_GOSSIP, _BY_STEPS), "schedule": (_GOSSIP,), "partners": (_GOSSIP,),
-    "aggregate": (_GOSSIP,), "byzantine": (_GOSSIP,), "round_seconds": (_BY_TIME,), "rounds": (_BY_TIME,),
+    "aggregate": (_THREE,), "byzantine": (_TWO,), "round_seconds": (_BY_TIME,), "rounds": (_BY_TIME,),
     "overlap": (_SYNC,), "compress": (_SYNC,), "weight_by": (_SYNC,), "deadline": (_SYNC,),
     "deadline_k": (_ADAPTIVE,), "deadline_floor": (_ADAPTIVE,), "deadline_window": (_ADAPTIVE,),
     "straggler_fraction": (_ADAPTIVE,), "pace_tolerance": (_ADAPTIVE,),
@@ -715,12 +721,21 @@ def _check_compress(cfg: GossipConfig) -> None:
 
 
 def _check_aggregate(cfg: GossipConfig) -> None:
+    """Which rule applies where: the coordinate-wise ones wherever several models or gradients of one round
+    or version are combined (the gossip modes, ps-sync, ps-avg), the norm bound wherever a server applies
+    gradients (ps-sync and the asynchronous server modes, which apply one at a time)."""
     _check_choice(cfg, "aggregate", AGGREGATES)
     if not (_is_real(cfg.trim_fraction) and 0 < cfg.trim_fraction < 0.5):
         raise ConfigError(f"--trim-fraction must be in (0, 0.5), got {cfg.trim_fraction!r}")
     robust = f"--aggregate {cfg.aggregate}"
-    if cfg.aggregate != "mean" and cfg.parameter_server:
-        raise ConfigError(f"{robust} applies to the gossip modes; the ps-* server averages every worker itself")
+    if cfg.aggregate in COORDINATE_WISE and cfg.mode in ("ps-async", "ps-ssp", "ps-dcasgd"):
+        raise ConfigError(f"{robust} combines the contributions of one version coordinate-wise; --mode {cfg.mode} "
+                          "applies each gradient on its own, which has no median: use --aggregate norm-clip (each "
+                          "gradient bounded by the recent gradients' norms), or --mode ps-sync")
+    if cfg.aggregate == "norm-clip" and cfg.mode not in NORM_BOUNDED:
+        what = "its workers send weights" if cfg.mode == "ps-avg" else "the gossip modes mix models"
+        raise ConfigError(f"--aggregate norm-clip bounds the gradients a parameter server applies, and {what}: use "
+                          "--aggregate median or trimmed-mean")
     if cfg.aggregate != "mean" and (cfg.weight_by != "none" or cfg.deadline != "fixed"):
         raise ConfigError(f"{robust} cannot be combined with --weight-by samples or --deadline adaptive: their "
                           "push-sum masses assume a linear mean (mass carried between rounds), which a median breaks")
@@ -733,8 +748,6 @@ def _check_aggregate(cfg: GossipConfig) -> None:
     if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < cfg.world_size for r in cfg.byzantine):
         raise ConfigError(f"--byzantine must list peer ranks in 0..{cfg.world_size - 1}, got "
                           f"{','.join(map(str, cfg.byzantine))}")
-    if cfg.byzantine and cfg.parameter_server:
-        raise ConfigError("--byzantine applies to the gossip modes")
     _check_positive(cfg, "byzantine_scale")
 
 

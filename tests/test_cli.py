@@ -132,7 +132,8 @@ def test_defaults_are_four_peers_on_a_ring_training_digits():
     (["--link-latency-ms", "1,2,3"], "--link-latency-ms lists 3 values for 4 peers"),
     (["--mode", "ps-sync", "--schedule", "time", "--rounds", "5"],
      "--schedule time and --partners apply to the gossip modes"),
-    (["--aggregate", "mode"], "--aggregate 'mode' is not valid; choose one of: mean, median, trimmed-mean"),
+    (["--aggregate", "mode"], "--aggregate 'mode' is not valid; choose one of: mean, median, trimmed-mean, "
+                              "norm-clip"),
     (["--aggregate", "median", "--deadline", "adaptive"], "push-sum masses assume a linear mean"),
     (["--byzantine", "1,x"], "is not a comma-separated list of integers"),
     (["--byzantine", "4"], "--byzantine must list peer ranks in 0..3, got 4"),

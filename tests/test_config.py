@@ -187,7 +187,7 @@ def test_json_round_trip_keeps_the_aggregation_options():
 
 
 @pytest.mark.parametrize("fields,expected", [
-    ({"aggregate": "mode"}, "--aggregate 'mode' is not valid; choose one of: mean, median, trimmed-mean"),
+    ({"aggregate": "mode"}, "--aggregate 'mode' is not valid; choose one of: mean, median, trimmed-mean, norm-clip"),
     ({"trim_fraction": 0.5}, "--trim-fraction must be in (0, 0.5), got 0.5"),
     ({"trim_fraction": 0.0}, "--trim-fraction must be in (0, 0.5), got 0.0"),
     ({"aggregate": "median", "weight_by": "samples"}, "--aggregate median cannot be combined with --weight-by samples"),
@@ -197,12 +197,16 @@ def test_json_round_trip_keeps_the_aggregation_options():
     ({"aggregate": "median", "mode": "gossip-async"}, "--aggregate median in gossip-async needs --async-rule latest"),
     ({"mode": "gossip-async", "staleness_weight": "inverse"}, "add --async-rule latest"),
     ({"async_rule": "newest"}, "--async-rule 'newest' is not valid; choose one of: push-sum, latest"),
-    ({"aggregate": "median", "mode": "ps-sync"}, "--aggregate median applies to the gossip modes"),
+    ({"aggregate": "median", "mode": "ps-async"}, "--mode ps-async applies each gradient on its own, which has no "
+                                                  "median: use --aggregate norm-clip"),
+    ({"aggregate": "trimmed-mean", "mode": "ps-dcasgd"}, "use --aggregate norm-clip"),
+    ({"aggregate": "norm-clip"}, "--aggregate norm-clip bounds the gradients a parameter server applies, and the "
+                                 "gossip modes mix models: use --aggregate median or trimmed-mean"),
+    ({"aggregate": "norm-clip", "mode": "ps-avg"}, "and its workers send weights: use --aggregate median or"),
     ({"aggregate": "median", "world_size": 2}, "--aggregate median needs at least 2 neighbours per peer"),
     ({"aggregate": "median", "topology": "exponential"}, "--topology exponential with --nodes 6 gives peer 0 1"),
     ({"byzantine": (6,)}, "--byzantine must list peer ranks in 0..5, got 6"),
     ({"byzantine": (1.0,)}, "--byzantine must list peer ranks in 0..5"),
-    ({"byzantine": (1,), "mode": "ps-async"}, "--byzantine applies to the gossip modes"),
     ({"byzantine_scale": 0.0}, "--byzantine-scale must be a positive number"),
 ])
 def test_invalid_aggregation_options(fields, expected):
@@ -217,6 +221,11 @@ def test_robust_aggregation_is_accepted_where_it_applies():
             GossipConfig(world_size=6, mode=mode, async_rule=rule, topology=topology, aggregate="median",
                          byzantine=(0, 5))
     GossipConfig(world_size=3, aggregate="trimmed-mean", trim_fraction=0.49)
+    for mode in ("ps-sync", "ps-avg"):
+        for rule in ("median", "trimmed-mean"):
+            GossipConfig(world_size=4, mode=mode, aggregate=rule, byzantine=(3,))
+    for mode in ("ps-sync", "ps-async", "ps-ssp", "ps-dcasgd"):
+        GossipConfig(world_size=4, mode=mode, aggregate="norm-clip", byzantine=(0,))
 
 
 def test_for_rank_sets_only_the_rank():

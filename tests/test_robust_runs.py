@@ -1,6 +1,7 @@
 """One peer sends large but finite garbage (``--byzantine``, fault injection): it passes every check of
 the wire format, so only aggregation can stop it. The mean lets it poison every honest peer; the median
-and the trimmed mean keep them training."""
+and the trimmed mean keep them training. The same for a parameter-server worker in ps-sync, whose server
+takes the median of each version's gradients."""
 
 from __future__ import annotations
 
@@ -64,3 +65,24 @@ def test_robust_aggregation_keeps_the_honest_peers_training(launch_run, aggregat
     if mode == "gossip-async":
         mixes = [e for e in run.events(0) if e["event"] == "step" and e["mixed"] and "last_mix" in e]
         assert mixes[-1]["last_mix"]["aggregate"] == aggregate
+
+
+def test_a_parameter_server_that_takes_the_median_keeps_training_with_a_byzantine_worker(launch_run):
+    """ps-sync, 4 workers, worker 3 sending garbage gradients (scale 1e30) that pass every wire check: the
+    median of each version's 4 gradients keeps the server's model as good as the same run without the
+    fault, where the mean blows the model up at the first version and the server stops, saying why."""
+    common = ("--mode", "ps-sync", "--steps", "100")
+    clean = launch_run(*common, name="clean")
+    robust = launch_run(*common, "--aggregate", "median", "--byzantine", "3", name="median")
+    poisoned = launch_run(*common, "--byzantine", "3", name="mean", expect_ok=False)
+    summary = robust.summary
+    assert summary["byzantine"] == [3] and summary["aggregate"] == "median"
+    assert summary["server"]["dropped"] == {} and summary["server"]["updates"] == 100  # the garbage got in
+    # at 100 steps the two ended at 0.916 (clean) and 0.919 (median, one worker's garbage) here
+    assert summary["accuracy"] >= clean.summary["accuracy"] - 0.05, (summary["accuracy"], clean.summary["accuracy"])
+    final = torch.load(robust.out / "model-final.pt", weights_only=True)
+    assert max(float(t.abs().max()) for t in final.values()) < 10  # no weight took a value from the garbage
+    assert poisoned.returncode != 0
+    assert "the server's model diverged at version 1" in poisoned.stderr, poisoned.stderr[-2000:]
+    assert "the --byzantine workers' garbage reached the plain mean: use --aggregate median or trimmed-mean" in \
+        poisoned.stderr

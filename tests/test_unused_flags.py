@@ -77,6 +77,17 @@ def test_every_condition_names_a_setting_of_the_run():
     (["--consensus-step", "0.5"], "--consensus-step applies to --compress float16 or int8, not --compress none"),
     (["--trim-fraction", "0.1"], "--trim-fraction applies to --aggregate trimmed-mean, not --aggregate mean"),
     (["--byzantine-scale", "5"], "--byzantine-scale applies to --byzantine RANKS, not a run without --byzantine"),
+    (["--mode", "ps-sync", "--nodes", "2", "--aggregate", "median"],
+     "--aggregate applies to --nodes 3 or more, not --nodes 2; drop it or use --nodes 3 or more (one bad input of 3 "
+     "is outvoted by two)"),
+    (["--mode", "ps-async", "--nodes", "1", "--byzantine", "0"], "--byzantine applies to --nodes 2 or more, not "
+                                                                 "--nodes 1"),
+    (["--mode", "ps-async", "--aggregate", "median"], "--aggregate median combines the contributions of one version "
+                                                      "coordinate-wise; --mode ps-async applies each gradient on its "
+                                                      "own, which has no median: use --aggregate norm-clip"),
+    (["--mode", "ps-avg", "--aggregate", "norm-clip"], "--aggregate norm-clip bounds the gradients a parameter server "
+                                                       "applies, and its workers send weights: use --aggregate median "
+                                                       "or trimmed-mean"),
     (["--round-seconds", "2"], "--round-seconds applies to --schedule time, not --schedule steps"),
     (["--mode", "ps-sync", "--local-steps", "5"], "--local-steps applies to --mode ps-avg, not --mode ps-sync"),
     (["--mode", "ps-async", "--staleness-bound", "5"], "--staleness-bound applies to --mode ps-ssp, not --mode "

@@ -16,23 +16,33 @@ form of Nesterov momentum mu and lr eta (OpenDiLoCo, Jaghouar et al. 2024: SGD, 
 is why ``--outer-optimizer sgd`` at its defaults builds ``ParameterAverage``, one fused pass instead of three.
 The outer momentum lives on the server and is saved in its checkpoint; each worker's inner optimizer state
 (its AdamW moments) stays its own, as in DiLoCo. Float buffers (BatchNorm statistics) take the workers' mean.
+
+With ``--aggregate median`` or ``trimmed-mean`` the workers' weights are combined coordinate-wise instead of
+averaged (``gossip/aggregate.py``), buffers included: ``ParameterAverage`` takes that aggregate as the new
+weights, ``OuterStep`` steps with delta = W - aggregate.
 """
 
 from __future__ import annotations
 
 import torch
 
+from gossip.aggregate import aggregate_into_
+from gossip.config import COORDINATE_WISE
 from gossip.coordinator.core import Contribution
 from gossip.coordinator.sgd import average_buffers
 from gossip.flat import FlatParams
 
 
 class ParameterAverage:
-    def __init__(self, flat: FlatParams) -> None:
+    def __init__(self, flat: FlatParams, aggregate: str = "mean", trim_fraction: float = 0.2) -> None:
         self.flat = flat
+        self.aggregate, self.trim_fraction = aggregate, trim_fraction
 
     def apply(self, batch: list[Contribution], staleness: list[int], version: int) -> None:
-        """The workers' mean; there is no server learning rate (None)."""
+        """The workers' mean (or robust aggregate); there is no server learning rate (None)."""
+        if self.aggregate in COORDINATE_WISE:
+            aggregate_into_(list(self.flat.views()), [c.chunks for c in batch], self.aggregate, self.trim_fraction)
+            return
         share = 1.0 / len(batch)
         terms = [(-1.0, list(self.flat.views()))] + [(share, c.chunks) for c in batch]
         self.flat.combine_(terms)  # W <- 0 * W + sum_m W_m / N, in one fused pass
@@ -51,20 +61,29 @@ class ParameterAverage:
 
 
 class OuterStep:
-    def __init__(self, flat: FlatParams, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, flat: FlatParams, optimizer: torch.optim.Optimizer, aggregate: str = "mean",
+                 trim_fraction: float = 0.2) -> None:
         self.flat = flat
         self.optimizer = optimizer
+        self.aggregate, self.trim_fraction = aggregate, trim_fraction
         self.gradients = flat.point_gradients_into()  # the pseudo-gradient goes here
 
     def apply(self, batch: list[Contribution], staleness: list[int], version: int) -> float:
-        """Step with delta = W - mean of the batch's weights; returns the outer lr."""
+        """Step with delta = W - mean (or robust aggregate) of the batch's weights; returns the outer lr."""
+        if self.aggregate in COORDINATE_WISE:
+            aggregate_into_(self.gradients, [c.chunks for c in batch], self.aggregate, self.trim_fraction)
+            average_buffers(self.flat, [self.gradients])  # buffers take the aggregate itself
+            for target, weights in zip(self.gradients, self.flat.views()):
+                torch.sub(weights, target, out=target)
+            self.optimizer.step()
+            return self.optimizer.param_groups[0]["lr"]
         share = 1.0 / len(batch)
         for target, weights in zip(self.gradients, self.flat.views()):
             target.copy_(weights)
         for contribution in batch:
             for target, chunk in zip(self.gradients, contribution.chunks):
                 target.add_(chunk, alpha=-share)
-        average_buffers(self.flat, batch)
+        average_buffers(self.flat, [c.chunks for c in batch])
         self.optimizer.step()
         return self.optimizer.param_groups[0]["lr"]
 

@@ -114,15 +114,19 @@ def outer_optimizer(settings: CoordinatorConfig) -> ServerOptimizer:
 
 
 def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimizer: torch.optim.Optimizer,
-               workers: int, schedule: Schedule = Schedule(), budget: int = 0, memory: bool = False) -> ServerCore:
+               workers: int, schedule: Schedule = Schedule(), budget: int = 0, memory: bool = False,
+               aggregate: str = "mean", trim_fraction: float = 0.2) -> ServerCore:
     """The server state machine for ``mode``; the optimizer steps the model that ``flat`` flattened, its lr
     set by ``schedule`` for each version; an asynchronous mode's run ends after ``budget`` gradients (0:
     when every worker has said bye) and, with ``memory`` (rate compensation), steps with the mean of every
-    worker's latest gradient (``memory.py``)."""
+    worker's latest gradient (``memory.py``). ``aggregate`` and ``trim_fraction`` are ``--aggregate`` and
+    ``--trim-fraction`` (the config has checked that the rule applies to ``mode``)."""
+    robust = {"aggregate": aggregate, "trim_fraction": trim_fraction}
     if mode == "ps-sync":
-        return ServerCore(workers, GradientStep(flat, optimizer, schedule=schedule), batch_size=workers)
+        return ServerCore(workers, GradientStep(flat, optimizer, schedule=schedule, **robust), batch_size=workers)
     if mode == "ps-avg":
-        update = ParameterAverage(flat) if outer_optimizer(settings).averages_only else OuterStep(flat, optimizer)
+        update = ParameterAverage(flat, **robust) if outer_optimizer(settings).averages_only else \
+            OuterStep(flat, optimizer, **robust)
         return ServerCore(workers, update, batch_size=workers)
     compensation = None
     if mode == "ps-dcasgd":
@@ -130,6 +134,6 @@ def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimiz
                                          settings.dc_momentum, settings.dc_epsilon)
     elif mode not in ("ps-async", "ps-ssp"):
         raise ConfigError(f"{mode!r} is not a parameter-server mode")
-    update = GradientStep(flat, optimizer, settings.staleness_lr, compensation, schedule, memory)
+    update = GradientStep(flat, optimizer, settings.staleness_lr, compensation, schedule, memory, **robust)
     bound = settings.staleness_bound if mode == "ps-ssp" else None
     return ServerCore(workers, update, batch_size=settings.soft_sync, staleness_bound=bound, budget=budget)

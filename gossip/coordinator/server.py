@@ -57,7 +57,8 @@ class ParameterServer:
         self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat,
                                            self.optimizer.build(self.task.model.parameters()), self.workers,
                                            self.optimizer.schedule, cfg.nodes * cfg.steps if self.config.swarm_budget else 0,
-                                           memory=self._compensates("sgd"))
+                                           memory=self._compensates("sgd"), aggregate=self.config.aggregate,
+                                           trim_fraction=self.config.trim_fraction)
         # an AdamW server's rate compensation: each gradient weighted rbar / r_i (rates.py, memory.py say why)
         self.rates = ArrivalRates(self.workers) if self._compensates("adamw") else None
         contribution = "params" if self.config.mode in SENDS_WEIGHTS else "grad"
@@ -157,7 +158,10 @@ class ParameterServer:
         problem = model_problem(self.flat.segments)
         if problem is None:
             return
-        if not self._steps_an_optimizer():
+        if self.config.byzantine and self.config.aggregate == "mean":
+            rules = "norm-clip" if self.config.mode in ASYNCHRONOUS else "median or trimmed-mean"
+            advice = f"the --byzantine workers' garbage reached the plain mean: use --aggregate {rules}"
+        elif not self._steps_an_optimizer():
             advice = f"lower --lr (now {self.cfg.lr:g}) or --local-steps"
         elif self.config.mode in SENDS_WEIGHTS:
             advice = (f"lower --lr (now {self.cfg.lr:g}), --local-steps or --outer-lr (now {self.optimizer.lr:.4g}, "
@@ -166,6 +170,12 @@ class ParameterServer:
             advice = (f"lower --lr (now {self.cfg.lr:g}; the server stepped with peak lr {self.optimizer.lr:.4g}, "
                       f"momentum {self.optimizer.momentum:.4g}) or set --server-lr")
         raise Diverged(f"the server's model diverged at version {version}: {problem}; {advice}")
+
+    def norm_bound(self) -> dict:
+        """``--aggregate norm-clip``: the gradients it clipped, dropped and left unjudged, and its last
+        reference norm (``normbound.py``), for the end event; nothing under the other rules."""
+        bound = getattr(self.core.update, "bound", None)
+        return {"norm_bound": bound.statistics()} if bound is not None else {}
 
     def _steps_an_optimizer(self) -> bool:
         """Every gradient mode, and ps-avg with an outer optimizer; plain averaging has none."""
@@ -339,5 +349,5 @@ def run_server(cfg: RunConfig, out: Path, resume: bool = False) -> None:
     events.write("end", wall_seconds=time.time() - started, versions=core.version, updates=core.updates,
                  contributed=core.contributed, staleness=dict(sorted(core.staleness.items())),
                  test=server.task.evaluate(),
-                 implausible=dict(server.dropped), **server.transport.statistics())
+                 implausible=dict(server.dropped), **server.norm_bound(), **server.transport.statistics())
     events.close()

@@ -1,12 +1,15 @@
 """A parameter-server worker: after each local step it sends its gradients (or, in ps-avg, its weights
 every ``local_steps`` steps) to the server and continues from the weights the server answers with; in the
-asynchronous modes until the server answers "end" (the swarm's budget of gradients is spent)."""
+asynchronous modes until the server answers "end" (the swarm's budget of gradients is spent). A
+``--byzantine`` worker sends seeded uniform garbage instead (fault injection), and trains on from the
+server's answer like the others."""
 
 from __future__ import annotations
 
 import logging
 
 from gossip.averagers.base import Averager
+from gossip.averagers.neighbours import byzantine_garbage
 from gossip.config import CoordinatorConfig, GossipConfig
 from gossip.coordinator.mailboxes import ReplyMailbox
 from gossip.coordinator.modes import SENDS_WEIGHTS
@@ -45,6 +48,9 @@ class PSWorker(Averager):
     def _gossip(self) -> None:
         kind, chunks = ("grad", self.flat.gradient_snapshot()) if self.sends_gradients else \
             ("params", self.flat.snapshot())
+        if self.rank in self.config.byzantine:  # fault injection: the server gets garbage; we go on from its answer
+            seed = ((self.config.seed * 1_000_003 + self.rank) * 1_000_003 + self.local_step) % (1 << 63)
+            chunks = byzantine_garbage(chunks, self.config.byzantine_scale, seed)
         header = params_header(kind, self.rank, self.flat.layout, self.flat.chunk_bytes, round=self.version,
                                step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second)
         self.mailbox.expect(self.local_step)
