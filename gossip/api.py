@@ -56,6 +56,17 @@ def attach(model: nn.Module, config: GossipConfig | None = None, coordinator: Co
     return open_averager(flat, config, coordinator, resume, keywords=True)  # (which spells its own errors)
 
 
+def gossip_outer(coordinator: CoordinatorConfig | None) -> tuple[str, float, float] | None:
+    """The outer step a gossip peer ends each mix with (decentralized DiLoCo), from the same settings as
+    ps-avg's server (``--outer-optimizer``, ``--outer-lr``, ``--outer-momentum``); None: plain gossip."""
+    if coordinator is None:
+        return None
+    from gossip.coordinator.modes import outer_optimizer
+
+    outer = outer_optimizer(coordinator)
+    return None if outer.averages_only else (outer.name, outer.lr, outer.momentum)
+
+
 def open_averager(flat: FlatParams, config: GossipConfig, coordinator: CoordinatorConfig | None = None,
                   resume: dict[str, Any] | None = None, keywords: bool = False) -> Averager:
     """The averager of ``config``'s peer, started; ``keywords``: its errors name ``attach``'s arguments."""
@@ -65,6 +76,6 @@ def open_averager(flat: FlatParams, config: GossipConfig, coordinator: Coordinat
         averager: Averager = PSWorker(flat, config, coordinator or CoordinatorConfig())
     else:
         topology = config.build_topology() if config.world_size > 1 else None
-        averager = averager_class(config)(flat, config, topology)
+        averager = averager_class(config)(flat, config, topology, outer=gossip_outer(coordinator))
     averager.keyword_errors = keywords
     return averager.start(resume)

@@ -363,10 +363,10 @@ class RunConfig:
         outer = [_flag(n) for n in ("outer_lr", "outer_momentum") if getattr(self.coordinator, n) != "auto"]
         if self.coordinator.outer_optimizer != "sgd":
             outer.insert(0, "--outer-optimizer")
-        if outer and self.gossip.mode != "ps-avg":
-            raise ConfigError(f"{' and '.join(outer)} set{'s' if len(outer) == 1 else ''} ps-avg's outer step, and "
-                              f"--mode {self.gossip.mode} has none; use --mode ps-avg (DiLoCo: --outer-optimizer "
-                              "nesterov)")
+        if outer and self.gossip.mode not in ("ps-avg", "gossip-sync"):
+            raise ConfigError(f"{' and '.join(outer)} set{'s' if len(outer) == 1 else ''} the outer step of ps-avg's "
+                              f"server or of each gossip-sync peer, and --mode {self.gossip.mode} has none; use --mode "
+                              "ps-avg or gossip-sync (DiLoCo: --outer-optimizer nesterov)")
         given = [_flag(n) for n in ("server_lr", "server_momentum") if getattr(self.coordinator, n) != "auto"]
         if given and self.gossip.mode not in ("ps-sync", "ps-async", "ps-ssp", "ps-dcasgd"):
             who = "workers" if self.gossip.parameter_server else "peers"
@@ -592,6 +592,12 @@ _BY_STEPS = Need("schedule", lambda v: v == "steps", "--schedule steps", "drop -
 _BY_TIME = Need("schedule", lambda v: v == "time", "--schedule time", "add --schedule time")
 _PS = Need("mode", lambda v: v in PS_MODES, "the ps-* modes", "choose one of them")
 _PS_AVG = Need("mode", lambda v: v == "ps-avg", "--mode ps-avg", "choose --mode ps-avg")
+# an outer step: ps-avg's server (DiLoCo), or each gossip-sync peer's after its lockstep mix (decentralized DiLoCo)
+_OUTER = Need("mode", lambda v: v in ("ps-avg", "gossip-sync"), "--mode ps-avg or gossip-sync", "choose one of them")
+_UNCOMPRESSED = Need("compress", lambda v: v == "none", "no --compress", "drop --compress")
+_FIXED = Need("deadline", lambda v: v == "fixed", "--deadline fixed", "drop --deadline adaptive")
+_UNWEIGHTED = Need("weight_by", lambda v: v == "none", "--weight-by none", "drop --weight-by")
+_OUTER_NEEDS = (_OUTER, _UNCOMPRESSED, _FIXED, _UNWEIGHTED)  # (gossip: the lockstep mix, every weight 1)
 _SERVER_SGD = Need("mode", lambda v: v in PS_MODES and v != "ps-avg", "--mode ps-sync, ps-async, ps-ssp or ps-dcasgd",
                    "choose one of those modes")
 _ON_ARRIVAL = Need("mode", lambda v: v in ("ps-async", "ps-ssp", "ps-dcasgd"), "--mode ps-async, ps-ssp or ps-dcasgd",
@@ -619,7 +625,8 @@ USED_ONLY_IN: dict[str, tuple[Need, ...]] = {
     "consensus_step": (_COMPRESSED,), "trim_fraction": (_TRIMMED,), "byzantine_scale": (_BYZANTINE,),
     "async_rule": (_ASYNC,), "staleness_weight": (_ASYNC, _LATEST), "max_staleness": (_ASYNC, _LATEST),
     "staleness_temperature": (_ASYNC, _LATEST, _EXP), "rate_compensation": (_RATES,),
-    "local_steps": (_PS_AVG,), "outer_optimizer": (_PS_AVG,), "outer_lr": (_PS_AVG,), "outer_momentum": (_PS_AVG,),
+    "local_steps": (_PS_AVG,), "outer_optimizer": _OUTER_NEEDS, "outer_lr": _OUTER_NEEDS,
+    "outer_momentum": _OUTER_NEEDS,
     "server_lr": (_SERVER_SGD,), "server_momentum": (_SERVER_SGD,), "soft_sync": (_ON_ARRIVAL,),
     "staleness_lr": (_ON_ARRIVAL,), "staleness_bound": (_SSP,), "dc_lambda": (_DCASGD,), "dc_adaptive": (_DCASGD,),
     "dc_momentum": (_DCASGD, _DC_ADAPTIVE), "dc_epsilon": (_DCASGD, _DC_ADAPTIVE),

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from gossip import checkpoint
-from gossip.api import open_averager
+from gossip.api import gossip_outer, open_averager
 from gossip.averagers import Averager
 from gossip.config import RunConfig
 from gossip.device import cpu_state, resolve_device
@@ -105,9 +105,11 @@ def save_checkpoint(out: Path, task: Task, averager: Averager, events: EventLog)
     ``.prev.pt`` (``gossip/checkpoint.py``). A state with NaN or Inf, or a bad counter, is not written:
     one warning and a ``checkpoint-skipped`` event, and training goes on (a model that went non-finite is
     the run's health check's to fail)."""
+    kept = averager.state_dict()
     state = {"model": cpu_state(task.model),
              "optimizer": task.optimizer.state_dict() if task.optimizer is not None else None,
-             "counters": {k: v for k, v in averager.state_dict().items() if k != "found"}}
+             "counters": {k: v for k, v in kept.items() if k not in ("found", "outer")},
+             **({"outer": kept["outer"]} if "outer" in kept else {})}
     path = checkpoint_path(out, averager.rank)
     reason = checkpoint.refusal(state, COUNTERS)
     if reason is not None:
@@ -122,23 +124,27 @@ def save_checkpoint(out: Path, task: Task, averager: Averager, events: EventLog)
         events.write("checkpoint-failed", message=str(exc))
 
 
-def validate_checkpoint(state: object, path: Path, task: Task, bounds: dict[str, float] | None = None) -> None:
+def validate_checkpoint(state: object, path: Path, task: Task, bounds: dict[str, float] | None = None,
+                        outer: bool = False) -> None:
     """``CheckpointError`` (one line: the file and what is wrong) unless ``state``, read from ``path``, is a
-    checkpoint of ``task``'s model and optimizer with counters in range (``gossip/checkpoint.py``)."""
-    checkpoint.validate(state, path, keys=("model", "optimizer", "counters"), counters=COUNTERS, bounds=bounds,
+    checkpoint of ``task``'s model and optimizer with counters in range (``gossip/checkpoint.py``), and, with
+    ``outer``, the outer step's anchor and momentum (checked against the model when loaded)."""
+    keys = ("model", "optimizer", "counters", "outer") if outer else ("model", "optimizer", "counters")
+    checkpoint.validate(state, path, keys=keys, counters=COUNTERS, bounds=bounds,
                         model=task.model.state_dict(),
                         optimizers={"optimizer": task.optimizer} if task.optimizer is not None else {})
 
 
-def load_checkpoint(out: Path, rank: int, task: Task, events: EventLog, bounds: dict[str, float] | None = None
-                    ) -> dict:
+def load_checkpoint(out: Path, rank: int, task: Task, events: EventLog, bounds: dict[str, float] | None = None,
+                    outer: bool = False) -> dict:
     """``--resume``: restore the model and optimizer of our newest usable checkpoint into ``task`` (that
     one, else the ``.prev.pt`` before it, each checked before anything is loaded); the counters for
     ``open_averager(resume=...)``. ``bounds``: the largest counters this run allows (dotted key -> limit, 0:
     none). Each file that does not read or fit gives one warning and a ``checkpoint-rejected`` event; with
     no usable checkpoint the peer pulls its neighbours' models instead, as without one."""
     state, used, rejected = checkpoint.restore(checkpoint_path(out, rank),
-                                               lambda state, path: validate_checkpoint(state, path, task, bounds))
+                                               lambda state, path: validate_checkpoint(state, path, task, bounds,
+                                                                                       outer))
     for reason in rejected:
         log.warning("peer %d: %s", rank, reason)
         events.write("checkpoint-rejected", message=reason)
@@ -154,8 +160,9 @@ def load_checkpoint(out: Path, rank: int, task: Task, events: EventLog, bounds: 
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # past the checks: still one line
         raise CheckpointError(f"checkpoint {used} does not load: {str(exc).strip().splitlines()[0]}") from exc
     counters = {key: state["counters"][key] for key in ("step", "rounds", "samples", "weight")}
-    events.write("resume", found=True, file=str(used), rejected=len(rejected), **counters)
-    return {**counters, "found": True}
+    steps = {"outer_steps": int(state["outer"].get("steps", 0))} if outer else {}
+    events.write("resume", found=True, file=str(used), rejected=len(rejected), **counters, **steps)
+    return {**counters, "found": True, **({"outer": state["outer"]} if outer else {})}
 
 
 def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool = False) -> None:
@@ -169,7 +176,8 @@ def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool =
         task = build_task(cfg.task, context_for(cfg, rank, device))
         bounds = {"counters.step": cfg.gossip.max_steps, "counters.weight": cfg.gossip.max_weight,
                   "counters.rounds": cfg.gossip.max_rounds + 1 if cfg.gossip.max_rounds else 0}
-        state = load_checkpoint(out, rank, task, events, bounds) if resume else None
+        steps_outer = not cfg.gossip.parameter_server and gossip_outer(cfg.coordinator) is not None
+        state = load_checkpoint(out, rank, task, events, bounds, outer=steps_outer) if resume else None
         averager = open_averager(FlatParams(task.model, cfg.gossip.chunk_bytes), cfg.gossip, cfg.coordinator, state)
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc))

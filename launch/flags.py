@@ -38,7 +38,9 @@ LAUNCH, PEER = "gossip-launch", "gossip-peer"
 RUN, TRAINING, DATA = "run", "training", "data and model"
 MIXING, HETEROGENEITY, ASYNC = "topology and mixing", "heterogeneity", "asynchronous"
 SERVER, FAULTS, MACHINES, OUTPUT = "parameter server", "faults and security", "many machines", "output"
-GROUPS = (RUN, TRAINING, DATA, MIXING, HETEROGENEITY, ASYNC, SERVER, FAULTS, MACHINES, OUTPUT)  # in --help's order
+OUTER = "outer optimizer"
+GROUPS = (RUN, TRAINING, DATA, MIXING, HETEROGENEITY, ASYNC, SERVER, OUTER, FAULTS, MACHINES,
+          OUTPUT)  # in --help's order
 
 
 class Flag(NamedTuple):
@@ -98,10 +100,12 @@ TABLE: list[Flag] = [
     Flag("--topology", "topology", MIXING, "graph spec: ring, torus[:RxC], random[:degree=D,seed=S], full, "
                                            "exponential, star"),
     Flag("--gossip-every", "gossip_every", MIXING, "local steps between two mixes (--schedule steps)"),
-    Flag("--aggregate", "aggregate", MIXING, "gossip mixing rule: " + ", ".join(AGGREGATES) + " (median, "
-                                             "trimmed-mean: coordinate-wise over own and neighbours' models, robust "
-                                             "to a neighbour sending garbage; not with --weight-by samples or "
-                                             "--deadline adaptive)"),
+    Flag("--aggregate", "aggregate", MIXING, "how models or gradients are combined: " + ", ".join(AGGREGATES) +
+                                             " (median, trimmed-mean: coordinate-wise over own and neighbours' "
+                                             "models, or over a version's contributions in ps-sync and ps-avg, robust "
+                                             "to one sending garbage; not with --weight-by samples or --deadline "
+                                             "adaptive; norm-clip: each gradient's norm bounded by the recent ones', "
+                                             "in ps-sync, ps-async, ps-ssp and ps-dcasgd)"),
     Flag("--trim-fraction", "trim_fraction", MIXING, "trimmed-mean: fraction of the values dropped from each end "
                                                      "(at least one each end of 3 or more)"),
     Flag("--overlap", "overlap", MIXING, "gossip-sync: exchange while the next local step computes, from a copy of "
@@ -168,12 +172,6 @@ TABLE: list[Flag] = [
 
     Flag("--server", "server", SERVER, "be the parameter server of a ps-* run", PEER),
     Flag("--local-steps", "local_steps", SERVER, "ps-avg: local steps between two averagings"),
-    Flag("--outer-optimizer", "outer_optimizer", SERVER, "ps-avg: how the server applies the workers' mean change "
-                                                         "delta = W - mean W_m: sgd (with the defaults, the plain "
-                                                         "average) or nesterov (DiLoCo, Douillard et al. 2023)"),
-    Flag("--outer-lr", "outer_lr", SERVER, "ps-avg: the outer optimizer's lr (auto: sgd 1, nesterov 0.7)"),
-    Flag("--outer-momentum", "outer_momentum", SERVER, "ps-avg: the outer optimizer's momentum (auto: sgd 0, "
-                                                       "nesterov 0.9)"),
     Flag("--server-lr", "server_lr", SERVER, "learning rate of the parameter server's SGD; auto: --lr in ps-sync, "
                                              "and in ps-async/ps-ssp/ps-dcasgd --lr * (1 - server momentum) / ((1 - "
                                              "--momentum) * k), so that k gradients move the weights as far as one "
@@ -198,6 +196,14 @@ TABLE: list[Flag] = [
     Flag("--server-retries", "server_retries", SERVER, "a worker re-joins a silent parameter server this many "
                                                        "times"),
 
+    Flag("--outer-optimizer", "outer_optimizer", OUTER, "how the change a mix makes is applied, delta = W - "
+                                                        "mixed (ps-avg: the workers' mean; gossip-sync: each peer's mix "
+                                                        "every --gossip-every steps, W its weights after its last "
+                                                        "outer step): sgd (with the defaults, the mix itself) or "
+                                                        "nesterov (DiLoCo, Douillard et al. 2023)"),
+    Flag("--outer-lr", "outer_lr", OUTER, "the outer optimizer's lr (auto: sgd 1, nesterov 0.7)"),
+    Flag("--outer-momentum", "outer_momentum", OUTER, "the outer optimizer's momentum (auto: sgd 0, nesterov 0.9)"),
+
     Flag("--peer-timeout", "peer_timeout", FAULTS, "seconds a neighbour may stay disconnected (or silent to ZeroMQ "
                                                    "heartbeats) before it is declared dead and gossip goes on "
                                                    "without it"),
@@ -212,7 +218,7 @@ TABLE: list[Flag] = [
     Flag("--secure", "secure", FAULTS, "KEYDIR from gossip-keys: CurveZMQ encryption, only allow-listed keys "
                                        "admitted"),
     Flag("--byzantine", "byzantine", FAULTS, "fault injection for tests and benchmarks: comma-separated ranks that "
-                                             "send random finite garbage instead of their weights, e.g. 3"),
+                                             "send random finite garbage instead of their weights (or gradients), e.g. 3"),
     Flag("--byzantine-scale", "byzantine_scale", FAULTS, "largest magnitude of the --byzantine garbage"),
     Flag("--startup-timeout", "startup_timeout", FAULTS, "seconds a peer waits for its first neighbours to start"),
     Flag("--send-timeout", "send_timeout", FAULTS, "seconds a message may wait for a slow or absent receiver"),

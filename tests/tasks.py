@@ -196,3 +196,27 @@ def diverges_on_rank_2(ctx: TaskContext) -> Task:
         for group in task.optimizer.param_groups:
             group["lr"] *= 1e8
     return task
+
+
+def dies_once_on_rank_1(ctx: TaskContext) -> Task:
+    """Digits at 10 ms a step; peer 1 exits abruptly (exit status 9) in its 45th step, once: the marker file
+    $GOSSIP_TEST_MARK records that it did, so the restarted process trains on."""
+    import os
+    from pathlib import Path
+
+    task = slow_digits(ctx)
+    mark = Path(os.environ["GOSSIP_TEST_MARK"])
+    if ctx.rank != 1 or mark.exists():
+        return task
+    inner, steps = task.loss, 0
+
+    def loss() -> torch.Tensor:
+        nonlocal steps
+        steps += 1
+        if steps == 45:
+            mark.touch()
+            os._exit(9)
+        return inner()
+
+    task.loss = loss
+    return task

@@ -130,8 +130,9 @@ def test_outer_settings_resolve_and_bad_ones_get_one_line():
                             ({"outer_optimizer": "nesterov", "outer_momentum": 0}, "needs --outer-momentum > 0")):
         with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace(")", r"\)")):
             CoordinatorConfig(**settings)
-    for mode in ("ps-sync", "gossip-sync", "ps-async"):
-        with pytest.raises(ConfigError, match=f"--outer-optimizer sets ps-avg's outer step, and --mode {mode} has"):
+    for mode in ("ps-sync", "gossip-async", "ps-async"):
+        with pytest.raises(ConfigError, match=f"--outer-optimizer sets the outer step of ps-avg's server or of each "
+                                              f"gossip-sync peer, and --mode {mode} has none"):
             RunConfig(nodes=2, gossip=GossipConfig(world_size=2, mode=mode),
                       coordinator=CoordinatorConfig(outer_optimizer="nesterov"))
     with pytest.raises(ConfigError, match="ps-avg's server steps with --outer-lr"):

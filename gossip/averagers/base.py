@@ -141,7 +141,11 @@ class Averager(ABC):
             self.rounds = self.mixing_points = int(resume.get("rounds", 0))
             self.samples = int(resume.get("samples", 0))
             self._mixed_at = (self.local_step, self.samples)
+            self._restore(resume)
             self._rejoin(found=bool(resume.get("found")), weight=float(resume.get("weight", 1.0)))
+
+    def _restore(self, resume: dict[str, Any]) -> None:
+        """Restarted: take back what ``state_dict`` saved beyond the counters (by default nothing)."""
 
     def _prepare_rejoin(self) -> None:
         """Before the sockets open, when restarted: what the mailbox must know before anything arrives."""
@@ -291,6 +295,9 @@ def check_resume(resume: Any) -> None:
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
         raise ConfigError(f"resume['weight'] is {weight!r}, not a push-sum weight > 0; pass what "
                           "averager.state_dict() returned")
+    if not isinstance(resume.get("outer", {}), dict):
+        raise ConfigError(f"resume['outer'] is a {type(resume['outer']).__name__}, not the outer step's state; "
+                          "pass what averager.state_dict() returned")
 
 
 def max_rss_mb() -> float:

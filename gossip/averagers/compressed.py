@@ -51,9 +51,11 @@ from gossip.net.wire import CODEC_KINDS, encode
 
 class CompressedGossip(SyncGossip):
     _pending: int | None = None  # the round whose neighbours' messages are still to mix
+    takes_outer = False  # (its round sends compressed differences, with no outer step on them)
 
-    def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None) -> None:
-        super().__init__(flat, config, topology)  # (the config refused a directed or time-varying topology)
+    def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None,
+                 outer: tuple[str, float, float] | None = None) -> None:
+        super().__init__(flat, config, topology, outer)  # (the config refused a directed or time-varying topology)
         self.codec = self.config.compress
         self._frames_per_row = 2 if self.codec == "int8" else 1
         self.public = self._zeros()  # x^_i, per segment

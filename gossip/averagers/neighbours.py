@@ -12,12 +12,15 @@ exchange with and rejoins where their welcomes say the others are (``_rejoin_gos
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 import topologies
 from gossip.averagers.base import Averager, log
+from gossip.averagers.outer import OuterStep
 from gossip.config import GossipConfig
+from gossip.errors import ConfigError
 from gossip.flat import FlatParams
 from gossip.net.transport import Delivery
 from gossip.net.wire import Header, encode, params_header
@@ -30,16 +33,39 @@ USUAL_SMOOTHING = 0.1
 class GossipAverager(Averager):
     """An averager that exchanges with the neighbours ``topology`` gives it, round by round."""
 
-    def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None) -> None:
+    def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None,
+                 outer: tuple[str, float, float] | None = None) -> None:
+        """``outer``: (optimizer, lr, momentum) of the outer step each mixing point ends with (``outer.py``);
+        None, or outer SGD with lr 1 and no momentum, is plain gossip."""
         self.topology = topology  # None for a peer alone; set before the mailbox, which asks for neighbours
         self.dead: set[int] = set()  # neighbours declared dead and not back
         self.deaths = self.readmitted = 0  # neighbours declared dead / re-admitted after a restart
         super().__init__(flat, config)
+        step = OuterStep(flat, *outer) if outer is not None else None
+        self.outer = step if step is not None and not step.identity else None
+        if self.outer is not None and not (self.takes_outer and config.deadline == "fixed"
+                                           and config.weight_by == "none"):
+            raise ConfigError(f"an outer optimizer ({outer[0]}, lr {outer[1]:g}, momentum {outer[2]:g}) needs the "
+                              "lockstep mix of gossip-sync with fixed deadlines, no --weight-by and no --compress, "
+                              "whose push-sum weights all stay 1; use that, or ps-avg")
         if config.mode == "gossip-async":  # the swarm-wide end and the rate compensation (gossip/progress.py)
             self.progress = self.mailbox.progress = SwarmProgress(config.world_size, self.rank)
         self.rate_factor = 1.0  # what the latest progress counted (rate compensation)
         self._credited_at: float | None = None  # when it was credited (time.monotonic)
         self._usual_step: float | None = None  # moving average of the credited seconds per step
+
+    takes_outer = False  # (SyncGossip's lockstep mix ends with the outer step: ``outer.py`` says why only it)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.outer is not None:
+            state["outer"] = self.outer.state_dict()
+        return state
+
+    def _restore(self, resume: dict[str, Any]) -> None:
+        """The outer step's anchor and momentum, when the checkpoint has them and this run steps one."""
+        if self.outer is not None and resume.get("outer"):
+            self.outer.load_state_dict(resume["outer"])
 
     def done(self, steps: int) -> bool:
         if self.progress is None:
@@ -96,6 +122,8 @@ class GossipAverager(Averager):
         self._prune_dead()
         if first and (blend or not found):
             self._pull(include_own=found)
+            if self.outer is not None:  # the next outer step measures the change from the model we now hold
+                self.outer.reanchor()
         self.mailbox.keep_first = False
         log.info("peer %d rejoined: heard from peer(s) %s at rounds %s%s", self.rank,
                  ", ".join(map(str, sorted(first))) or "none", sorted({h.round for h in first.values()}),
@@ -144,8 +172,9 @@ class GossipAverager(Averager):
     def statistics(self) -> dict:
         swarm = {} if self.progress is None else {"swarm_steps": self.progress.total,
                                                   "rate_factor": self.rate_factor}
+        outer = {} if self.outer is None else {"outer_steps": self.outer.steps}
         return {**super().statistics(), "dead_neighbours": sorted(self.dead), "deaths": self.deaths,
-                "readmitted": self.readmitted, "link_drops": self.mailbox.link_drops(), **swarm}
+                "readmitted": self.readmitted, "link_drops": self.mailbox.link_drops(), **swarm, **outer}
 
     def _send_snapshot(self, round: int, *, latest_only: bool, snapshot: list | None = None, weight: float = 1.0,
                        track: bool = False) -> Delivery | None:

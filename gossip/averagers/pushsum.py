@@ -74,6 +74,8 @@ CREDIT_BOUND = 4.0  # a step moves z by at most this many times what the optimiz
 
 
 class AsyncPushSum(SyncGossip):
+    takes_outer = False  # (its weights vary: ``outer.py``)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._last_sent: dict[int, int] = {}  # out-neighbour -> the last round we queued a snapshot for it

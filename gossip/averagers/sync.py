@@ -46,6 +46,12 @@ mixing point (z unchanged), so a contribution counts in proportion to the sample
 push-sum makes each round's result exactly the sample-weighted average of what was mixed, without the
 drift that renormalising each peer's own row would cause.
 
+An outer optimizer (``--outer-optimizer``, decentralized DiLoCo: ``gossip/averagers/outer.py``) ends every
+mix: the mixed z_i moves by an outer step on the change since its last one. It needs this mixing point's
+weights from the neighbours, so the mix is not overlapped (``_gossip_in_place``), and fixed deadlines
+without ``weight_by``: every weight stays 1, and a doubly stochastic W keeps the network's mean through
+the outer step too (``outer.py`` says what varying weights did).
+
 ``aggregate`` "median" or "trimmed-mean" (``gossip/aggregate.py``; fixed deadlines, no sample weights):
 at mixing point r + 1 a peer adds z_i += agg(s_i, s_j for the in-neighbours j) - s_i instead, each snapshot
 counting once (whatever weight its header claims, 0 included), so the local progress made during the
@@ -70,6 +76,7 @@ from gossip.net.wire import encode, params_header
 class SyncGossip(GossipAverager):
     # (round, snapshot or None for the live weights, weight, kept share)
     _pending: tuple[int, list[torch.Tensor] | None, float, float] | None = None
+    takes_outer = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -103,7 +110,7 @@ class SyncGossip(GossipAverager):
                             window=2 if lockstep else max(2, self.config.world_size))
 
     def _gossip(self) -> None:
-        if not self.config.overlap:
+        if not self.config.overlap or self.outer is not None:  # (the outer step needs this round's weights)
             self._gossip_in_place()
             return
         # Copy the next snapshot during the mix if the weights were written since the last mixing point
@@ -206,6 +213,8 @@ class SyncGossip(GossipAverager):
             with self._timed_mix():
                 aggregate_into_(list(self.flat.views()), models, self.config.aggregate, self.config.trim_fraction,
                                 relative_to=own)
+                if self.outer is not None:
+                    self.outer.apply_()
                 snapshot = self.flat.snapshot() if take_snapshot else None
             self.rounds = round + 1
             return snapshot
@@ -224,10 +233,13 @@ class SyncGossip(GossipAverager):
         terms += [(mass / total, chunks) for mass, chunks in arrived if mass > 0]
         # the next snapshot overwrites this one, block by block after reading it, once ZeroMQ has sent it:
         # no new model-sized allocation per round
-        into = own if take_snapshot and own is not None and self.sent.snapshot_free(wait=not self.adaptive) else None
+        fuse = take_snapshot and self.outer is None  # (the outer step writes the weights after the mix)
+        into = own if fuse and own is not None and self.sent.snapshot_free(wait=not self.adaptive) else None
         with self._timed_mix():
-            snapshot = self.flat.combine_(terms, snapshot=take_snapshot, into=into,
-                                          release=[chunks for _, chunks in arrived])
+            snapshot = self.flat.combine_(terms, snapshot=fuse, into=into, release=[chunks for _, chunks in arrived])
+            if self.outer is not None:  # z_i is mixed; the outer step moves it (the weight w_i stays: mass is kept)
+                self.outer.apply_()
+                snapshot = self.flat.snapshot() if take_snapshot else None
         self.weight = total
         self.rounds = round + 1
         return snapshot
