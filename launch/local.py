@@ -106,12 +106,23 @@ def write_peers(cfg: RunConfig, out: Path, members: list[Member]) -> None:
     (out / "peers.json").write_text(json.dumps(peers, indent=2))
 
 
+LAST_LINE_CHARS = 300  # of a peer's last log line in the launcher's error
+
+
 def last_error_line(log_path: Path) -> str:
+    """The last line of a peer's log (its error, as a rule), printable and at most ``LAST_LINE_CHARS`` long:
+    what a peer logged may quote what others sent it."""
     try:
-        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+        with open(log_path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 16 * LAST_LINE_CHARS))
+            text = log.read().decode("utf-8", "replace")
     except OSError:
         return "no log"
-    return lines[-1] if lines else "no output"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return "no output"
+    line = "".join(c if c.isprintable() else "?" for c in lines[-1])
+    return line if len(line) <= LAST_LINE_CHARS else line[:LAST_LINE_CHARS - 3] + "..."
 
 
 def watch(cfg: RunConfig, members: list[Member], progress: Progress, out: Path, restart) -> str | None:
@@ -212,12 +223,16 @@ def supervise(cfg: RunConfig, out: Path, start: Callable[[], list[Member]], prog
         print(f"gossip-launch: error: {failure}", file=sys.stderr)
         return 1
     if summarise_ready():
-        from launch.summary import summarise
+        from launch.summary import RunFailed, summarise
 
         failed = [m.name for m in members if m.given_up]
         try:
             summarise(cfg, out, wall_seconds=time.time() - started, plot=plot, failed=failed)
-        except Diverged as exc:  # the run finished, but what it made is not a model
+        except (Diverged, RunFailed) as exc:  # the run ended, but what it made is not a result
             print(f"gossip-launch: error: {exc} [details: {out / 'summary.json'}]", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            print(f"\ngossip-launch: interrupted while summarising; python -m launch.summary {out} does it again",
+                  file=sys.stderr)
+            return 128 + signal.SIGINT
     return 0

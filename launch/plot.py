@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
 TITLES = {"accuracy": ("test accuracy", "accuracy"), "loss": ("validation loss", "nats per character")}
 
 
@@ -17,12 +16,12 @@ def plot_run(out: Path, events: list[list[dict[str, Any]]], trace: list[dict[str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    starts = [next((e["time"] for e in ev if e["event"] == "ready"), None) for ev in events]
+    starts = [next((e["time"] for e in ev if e["event"] == "ready" and "time" in e), None) for ev in events]
     t0 = min((s for s in starts if s is not None), default=0.0)
     fig, (ax_loss, ax_acc, ax_cons) = plt.subplots(1, 3, figsize=(15, 4.2))
-    for rank, ev in enumerate(events):
-        steps = [e for e in ev if e["event"] == "step" and e.get("loss") is not None]
-        evals = [e for e in ev if e["event"] == "eval" and headline in e]
+    for rank, ev in enumerate(events):  # checked events (launch/events.py): a time and a value, or left out
+        steps = [e for e in ev if e["event"] == "step" and "time" in e and e.get("loss") is not None]
+        evals = [e for e in ev if e["event"] == "eval" and "time" in e and e.get(headline) is not None]
         if steps:
             ax_loss.plot([e["time"] - t0 for e in steps], [e["loss"] for e in steps], lw=0.8, label=f"peer {rank}")
         if evals:
