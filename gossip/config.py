@@ -363,6 +363,10 @@ class RunConfig:
         outer = [_flag(n) for n in ("outer_lr", "outer_momentum") if getattr(self.coordinator, n) != "auto"]
         if self.coordinator.outer_optimizer != "sgd":
             outer.insert(0, "--outer-optimizer")
+        if outer and self.gossip.mode == "gossip-sync" and self.gossip.compress != "none":
+            raise ConfigError(f"{outer[0]} with --compress {self.gossip.compress}: compressed gossip-sync mixes its "
+                              "neighbours' public copies (CHOCO), with no outer step; use one of the two, or ps-avg, "
+                              "whose server takes both (DiLoCo with compressed pseudo-gradients)")
         if outer and self.gossip.mode not in ("ps-avg", "gossip-sync"):
             raise ConfigError(f"{' and '.join(outer)} set{'s' if len(outer) == 1 else ''} the outer step of ps-avg's "
                               f"server or of each gossip-sync peer, and --mode {self.gossip.mode} has none; use --mode "
@@ -383,7 +387,7 @@ class RunConfig:
             raise ConfigError(f"gossip-async carries every peer's step count in each message: at most "
                               f"{MAX_PROGRESS_PEERS} peers, got {self.nodes}; use gossip-sync for more")
         _check_int(self, "rounds", minimum=0)
-        if self.max_restarts and self.gossip.compress != "none":
+        if self.max_restarts and self.gossip.compress != "none" and self.gossip.mode == "gossip-sync":
             raise ConfigError(f"--max-restarts cannot be combined with --compress {self.gossip.compress}: a restarted "
                               "peer cannot rebuild its neighbours' copies of its public model")
         if self.gossip.schedule == "time" and not self.rounds:
@@ -594,10 +598,11 @@ _PS = Need("mode", lambda v: v in PS_MODES, "the ps-* modes", "choose one of the
 _PS_AVG = Need("mode", lambda v: v == "ps-avg", "--mode ps-avg", "choose --mode ps-avg")
 # an outer step: ps-avg's server (DiLoCo), or each gossip-sync peer's after its lockstep mix (decentralized DiLoCo)
 _OUTER = Need("mode", lambda v: v in ("ps-avg", "gossip-sync"), "--mode ps-avg or gossip-sync", "choose one of them")
-_UNCOMPRESSED = Need("compress", lambda v: v == "none", "no --compress", "drop --compress")
+_COMPRESSES = Need("mode", lambda v: v in ("gossip-sync", "ps-avg"), "--mode gossip-sync or ps-avg",
+                   "choose one of them")
 _FIXED = Need("deadline", lambda v: v == "fixed", "--deadline fixed", "drop --deadline adaptive")
 _UNWEIGHTED = Need("weight_by", lambda v: v == "none", "--weight-by none", "drop --weight-by")
-_OUTER_NEEDS = (_OUTER, _UNCOMPRESSED, _FIXED, _UNWEIGHTED)  # (gossip: the lockstep mix, every weight 1)
+_OUTER_NEEDS = (_OUTER, _FIXED, _UNWEIGHTED)  # (gossip: the lockstep mix, every weight 1; not --compress: below)
 _SERVER_SGD = Need("mode", lambda v: v in PS_MODES and v != "ps-avg", "--mode ps-sync, ps-async, ps-ssp or ps-dcasgd",
                    "choose one of those modes")
 _ON_ARRIVAL = Need("mode", lambda v: v in ("ps-async", "ps-ssp", "ps-dcasgd"), "--mode ps-async, ps-ssp or ps-dcasgd",
@@ -619,7 +624,7 @@ _CONSENSUS = Need("task", lambda v: v == "consensus" or v not in RECIPES, "--tas
 USED_ONLY_IN: dict[str, tuple[Need, ...]] = {
     "topology": (_GOSSIP,), "gossip_every": (_GOSSIP, _BY_STEPS), "schedule": (_GOSSIP,), "partners": (_GOSSIP,),
     "aggregate": (_THREE,), "byzantine": (_TWO,), "round_seconds": (_BY_TIME,), "rounds": (_BY_TIME,),
-    "overlap": (_SYNC,), "compress": (_SYNC,), "weight_by": (_SYNC,), "deadline": (_SYNC,),
+    "overlap": (_SYNC,), "compress": (_COMPRESSES,), "weight_by": (_SYNC,), "deadline": (_SYNC,),
     "deadline_k": (_ADAPTIVE,), "deadline_floor": (_ADAPTIVE,), "deadline_window": (_ADAPTIVE,),
     "straggler_fraction": (_ADAPTIVE,), "pace_tolerance": (_ADAPTIVE,),
     "consensus_step": (_COMPRESSED,), "trim_fraction": (_TRIMMED,), "byzantine_scale": (_BYZANTINE,),
@@ -708,11 +713,11 @@ def _check_compress(cfg: GossipConfig) -> None:
     _check_choice(cfg, "compress", COMPRESS)
     if not (_is_real(cfg.consensus_step) and 0 < cfg.consensus_step <= 1):
         raise ConfigError(f"--consensus-step must be in (0, 1], got {cfg.consensus_step!r}")
-    if cfg.compress == "none":
+    if cfg.compress == "none" or cfg.mode == "ps-avg":  # (ps-avg: each worker's change, gossip/coordinator/pseudograd.py)
         return
     if cfg.mode != "gossip-sync":
         raise ConfigError(f"--compress {cfg.compress} applies to --mode gossip-sync (every compressed difference "
-                          "must arrive, in its round)")
+                          "must arrive, in its round) and ps-avg (each worker's change since the server's weights)")
     others = [flag for flag, on in (("--deadline adaptive", cfg.deadline != "fixed"),
                                     ("--weight-by samples", cfg.weight_by != "none"),
                                     (f"--aggregate {cfg.aggregate}", cfg.aggregate != "mean"),

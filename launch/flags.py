@@ -113,8 +113,10 @@ TABLE: list[Flag] = [
                                          "--no-overlap sends the weights themselves and mixes before training on "
                                          "(no copy per round, one model less memory)"),
     Flag("--compress", "compress", MIXING, "gossip-sync: send compressed differences from a public copy the "
-                                           "neighbours hold (CHOCO-gossip, error feedback): " + ", ".join(COMPRESS)
-                                           + "; 2x (float16) or about 4x (int8) fewer bytes, for slow links"),
+                                           "neighbours hold (CHOCO-gossip, error feedback); ps-avg: each worker's "
+                                           "change since the server's weights, with error feedback: "
+                                           + ", ".join(COMPRESS) + "; 2x (float16) or about 4x (int8) fewer bytes, "
+                                           "for slow links"),
     Flag("--consensus-step", "consensus_step", MIXING, "--compress: CHOCO's consensus step size gamma in (0, 1]"),
     Flag("--chunk-mb", "chunk_mb", MIXING, "payload frame size in MiB"),
     Flag("--queue-depth", "queue_depth", MIXING, "messages queued per neighbour before a sync send waits"),

@@ -12,6 +12,7 @@ what they share: barriers, versions, replies, checkpoints and the plausibility c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -26,13 +27,14 @@ from gossip.coordinator.averaging import ParameterAverage
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.mailboxes import QueueMailbox
 from gossip.coordinator.modes import ASYNCHRONOUS, SENDS_WEIGHTS, build_core, outer_optimizer, server_optimizer
+from gossip.coordinator.pseudograd import decode_contribution
 from gossip.coordinator.rates import ArrivalRates
 from gossip.device import cpu_state
 from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped, TransportError
 from gossip.flat import FlatParams
 from gossip.health import model_problem
 from gossip.metrics import EventLog
-from gossip.net.wire import Header, Message, encode, params_header
+from gossip.net.wire import CODEC_KINDS, Header, Message, encode, params_header
 from gossip.optim import run_schedule
 from gossip.signals import raise_if_signalled
 from gossip.tasks import build_task, context_for
@@ -62,7 +64,11 @@ class ParameterServer:
         # an AdamW server's rate compensation: each gradient weighted rbar / r_i (rates.py, memory.py say why)
         self.rates = ArrivalRates(self.workers) if self._compensates("adamw") else None
         contribution = "params" if self.config.mode in SENDS_WEIGHTS else "grad"
-        self.mailbox = QueueMailbox(self.rank, self.workers + 1, self.flat.layout,
+        layout = self.flat.layout
+        if self.config.compress != "none":  # ps-avg: each worker's change since our weights, compressed
+            contribution = CODEC_KINDS[self.config.compress]
+            layout = dataclasses.replace(layout, codec=self.config.compress)
+        self.mailbox = QueueMailbox(self.rank, self.workers + 1, layout,
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
                                     contribution=contribution)
         self.mailbox.max_steps, self.mailbox.max_weight = self.config.max_steps, 1.0  # workers send weight 1
@@ -115,7 +121,9 @@ class ParameterServer:
         elif self._plausible(message):
             weight = 1.0 if self.rates is None else self.rates.arrived(worker, time.monotonic(),
                                                                        len(self.core.active))
-            self._reply(self.core.submit(Contribution(worker, header.version, header.step, message.chunks,
+            chunks = message.chunks if self.config.compress == "none" else \
+                decode_contribution(self.flat, self.config.compress, message.chunks)
+            self._reply(self.core.submit(Contribution(worker, header.version, header.step, chunks,
                                                       header.samples, weight)))
 
     def _holds_contribution_of(self, worker: int) -> bool:
@@ -186,8 +194,10 @@ class ParameterServer:
         version we never sent: anything else is a replay or a lie, dropped and counted."""
         worker, version = message.header.sender, message.header.version
         waiting = {c.worker for c in self.core.pending} | self.core.held
+        # (a compressed change is one from our weights of its version: only the current one is still ours)
+        stale = self.config.compress != "none" and version < self.core.version
         reason = ("not-joined" if worker not in self.joined else "duplicate" if worker in waiting
-                  else "version" if version > self.core.version else None)
+                  else "version" if version > self.core.version or stale else None)
         if reason is None:
             return True
         self.dropped[reason] += 1

@@ -13,9 +13,10 @@ from gossip.averagers.neighbours import byzantine_garbage
 from gossip.config import CoordinatorConfig, GossipConfig
 from gossip.coordinator.mailboxes import ReplyMailbox
 from gossip.coordinator.modes import SENDS_WEIGHTS
+from gossip.coordinator.pseudograd import ErrorFeedback
 from gossip.errors import PeerTimeout
 from gossip.flat import FlatParams
-from gossip.net.wire import Header, Message, encode, params_header
+from gossip.net.wire import CODEC_KINDS, Header, Message, encode, params_header
 
 log = logging.getLogger("gossip.worker")
 
@@ -33,6 +34,9 @@ class PSWorker(Averager):
         self.version = 0  # the server version of the weights we hold
         self.ended = False  # the server answered "end": the run's budget of gradients is spent
         super().__init__(flat, config)
+        # ps-avg with --compress: the change since the server's weights goes out compressed (pseudograd.py)
+        self.feedback = ErrorFeedback(flat, config.compress) if config.compress != "none" and \
+            not self.sends_gradients else None
 
     def _make_mailbox(self) -> ReplyMailbox:
         return ReplyMailbox(self.rank, self.config.world_size + 1, self.flat.layout, self.config.server_rank)
@@ -51,6 +55,12 @@ class PSWorker(Averager):
         if self.rank in self.config.byzantine:  # fault injection: the server gets garbage; we go on from its answer
             seed = ((self.config.seed * 1_000_003 + self.rank) * 1_000_003 + self.local_step) % (1 << 63)
             chunks = byzantine_garbage(chunks, self.config.byzantine_scale, seed)
+            if self.feedback is not None:
+                self.flat.copy_(chunks)  # (compressed: the garbage is what we encode the change of)
+        if self.feedback is not None:
+            kind, chunks = CODEC_KINDS[self.config.compress], self.feedback.encode()
+            if self.flat.device.type != "cpu":
+                chunks = [chunk.cpu() for chunk in chunks]
         header = params_header(kind, self.rank, self.flat.layout, self.flat.chunk_bytes, round=self.version,
                                step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second)
         self.mailbox.expect(self.local_step)
@@ -63,6 +73,8 @@ class PSWorker(Averager):
         with self._timed_wait():
             message = self._wait_for_server(timeout)
         self.flat.copy_(message.chunks)
+        if self.feedback is not None:
+            self.feedback.start()
         self.version = message.header.version
         self.ended = self.ended or message.header.kind == "end"
 
