@@ -404,7 +404,8 @@ def remedy(cfg: RunConfig, server: dict[str, Any] | None) -> str:
     """What to change when the run's product model is unusable or learned nothing: keep the garbage of the
     --byzantine peers out of the mean, or else take smaller steps."""
     if cfg.gossip.byzantine and cfg.gossip.aggregate == "mean":
-        return "the --byzantine peers' garbage reached the plain mean: use --aggregate median or trimmed-mean"
+        rule = "norm-clip" if cfg.gossip.mode in ("ps-async", "ps-ssp", "ps-dcasgd") else "median or trimmed-mean"
+        return f"the --byzantine peers' garbage reached the plain mean: use --aggregate {rule}"
     return f"lower --lr (now {cfg.lr:g}){' or set --server-lr' if server and server.get('optimizer') else ''}"
 
 

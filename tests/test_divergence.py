@@ -34,6 +34,9 @@ def test_the_remedy_names_the_cause():
     garbage = RunConfig(gossip=GossipConfig(world_size=4, byzantine=(3,)))
     assert remedy(garbage, None) == ("the --byzantine peers' garbage reached the plain mean: use --aggregate median "
                                      "or trimmed-mean")
+    asynchronous = RunConfig(gossip=GossipConfig(world_size=4, mode="ps-async", byzantine=(3,)))
+    assert remedy(asynchronous, None) == ("the --byzantine peers' garbage reached the plain mean: use --aggregate "
+                                          "norm-clip")  # (one gradient per update has no median)
 
 
 @pytest.mark.slow
