@@ -1,17 +1,19 @@
 """The inbound guard's limits as the transport sets them, against the bound RELIABILITY.md states: per
 connection, 32 x ((4 + 2) largest messages + 64 KiB handshake + 64 B per heartbeat interval), and for our
-DEALERs' connections the handshake and heartbeats alone. Pure: the transport is built, never started; the
-descriptor check runs on plain loopback sockets."""
+DEALERs' connections the handshake and heartbeats alone; a connection cut for descriptor headroom, through a
+descriptor held for it. Pure: the transport is built, never started; the descriptor checks run on plain
+loopback sockets."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
 
 from gossip.connect import inbound_limits
 from gossip.net.address import dials
-from gossip.net.inbound import InboundGuard
+from gossip.net.inbound import DescriptorPool, InboundGuard
 from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import MAX_HEADER_BYTES
 from tests.hostile import victim_layout
@@ -48,3 +50,40 @@ def test_a_reused_descriptor_is_watched_only_if_it_is_the_connection_meant():
                 guard.accepted(dealer_side.fileno(), lambda sock: dials(sock, address))
                 assert list(guard.connections) == [dealer_side.fileno()]
                 guard.close()
+
+
+def test_a_connection_that_would_eat_into_the_reserve_is_cut_at_once_through_a_held_descriptor():
+    pool = DescriptorPool(2)
+    guard = InboundGuard(1 << 20, 8, pool=pool, reserve=1 << 40)  # more than any process has: always short
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as client:
+        accepted, _ = server.accept()
+        with accepted:
+            guard.accepted(accepted.fileno())
+            assert guard.cut == {"descriptors": 1} and pool.free == 2  # its duplicate went back to the pool
+            client.settimeout(5)
+            assert client.recv(1) == b""  # cut: the other end sees the end of the stream
+    guard.close()
+    pool.close()
+
+
+def test_the_guards_duplicates_live_in_held_descriptors():
+    pool = DescriptorPool(1)
+    guard = InboundGuard(1 << 20, 8, pool=pool)
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()):
+        accepted, _ = server.accept()
+        with accepted:
+            guard.accepted(accepted.fileno())
+            watched = guard.connections[accepted.fileno()].socket
+            assert pool.free == 0 and watched.getsockname() == accepted.getsockname()
+            number = watched.fileno()
+            guard.closed(accepted.fileno())
+            assert pool.free == 1 and os.readlink(f"/proc/self/fd/{number}") == os.devnull  # held again
+            guard.accepted(accepted.fileno())  # watched again, in the held descriptor
+            assert pool.free == 0 and guard.connections[accepted.fileno()].socket.fileno() == number
+            with socket.create_connection(server.getsockname()):
+                second, _ = server.accept()
+                with second:
+                    guard.accepted(second.fileno())  # none held is left: a new duplicate (os.dup), as before
+                    assert guard.connections[second.fileno()].socket.fileno() != number
+    guard.close()
+    pool.close()

@@ -40,6 +40,14 @@ Socket options, deliberately:
 - LINGER = 0 everywhere, except that on close the DEALERs linger up to ``shutdown_timeout`` so the final
   round reaches neighbours that are still waiting for it.
 
+Descriptors: ``start`` raises the soft open-file limit to the hard one and holds the descriptors the
+guards' duplicates will live in (``gossip/net/inbound.py``); the ROUTER's accept events go to the guard as
+libzmq reports them (a reader on the monitor, ``DRAIN_BATCH`` at a time), which cuts a new connection at
+once when fewer free descriptors are left than the peer keeps for itself (``reserve_for``: its DEALERs and
+their monitors, its files). No ZeroMQ option caps accepted connections or makes room for the process's
+own descriptors (``BACKLOG`` bounds only those not yet accepted), so this is done from outside libzmq, as
+the byte limit is. A limit too low for the reserve and the connections allowed gives one warning at start.
+
 Liveness: every DEALER sends ZeroMQ heartbeats (HEARTBEAT_IVL 1 s; HEARTBEAT_TIMEOUT ``heartbeat_timeout``),
 so a neighbour whose host vanished without closing its connections is disconnected like one whose process
 died (the kernel closes a dead process's connections at once). A monitor on each DEALER reports
@@ -86,7 +94,7 @@ from zmq.utils.monitor import parse_monitor_message
 from gossip.alloc import keep_freed_memory
 from gossip.errors import PeerTimeout, PeerUnreachable, ProtocolError, TransportError
 from gossip.net.address import dials, ipc_endpoint
-from gossip.net.inbound import CHECK_SECONDS, InboundGuard
+from gossip.net.inbound import CHECK_SECONDS, DescriptorPool, InboundGuard, free_descriptors, reserve_for
 from gossip.net.loop import LoopThread
 from gossip.net.security import CurveKeys, secure_dealer, secure_router, start_authenticator
 from gossip.net.sendbuffer import enlarge_send_buffer
@@ -97,6 +105,7 @@ log = logging.getLogger("gossip.net.transport")
 Handler = Callable[[int | None, Sequence[Any], int | None], None]
 _WARN_FIRST = 5  # warnings per drop reason before we only warn on every 1000th
 HANDSHAKE_SECONDS = 5.0
+DRAIN_BATCH = 64  # connection events handled per turn of the event loop when they come on their own
 OUTBOUND_CONNECTIONS = 1 << 16  # (never reached: one connection per DEALER; the guard's cap is for inbound ones)
 
 
@@ -145,6 +154,7 @@ class Transport:
         # Our DEALERs' connections, watched the same way: a neighbour's ROUTER sends a DEALER nothing but
         # ZMTP commands, so nothing beyond the handshake and the answers to our heartbeats is allowed.
         self.outbound = InboundGuard(0, OUTBOUND_CONNECTIONS, self._heartbeat_seconds())
+        self.guard.reserve = reserve_for(len(self.endpoints))  # what a new inbound connection may not eat into
         self._guards: list[asyncio.Task[None]] = []
         self._delays = list(config.delays) or [0.0] * len(self.endpoints)
         self._ipc = config.ipc and zmq.has("ipc")
@@ -164,6 +174,7 @@ class Transport:
         self._monitor_events: zmq.Socket | None = None  # the same socket, read without the event loop's help
         self._receiver: asyncio.Task[None] | None = None
         self._router_fd: int | None = None  # watched by the receive task
+        self._monitor_fd: int | None = None  # the ROUTER's connection events, watched for the guard
         self.failure: BaseException | None = None  # set when any task of ours dies of a bug
         self._failed: asyncio.Future[None] | None = None  # done once ``failure`` is set (wakes waiting posts)
         self.bytes_sent = self.bytes_received = self.messages_sent = self.messages_received = 0
@@ -183,6 +194,7 @@ class Transport:
         return self._context is not None
 
     async def _open(self) -> None:
+        self._hold_descriptors()
         self._context = zmq.asyncio.Context()
         router = self._socket(zmq.ROUTER, "listen")
         router.setsockopt(zmq.LINGER, 0)
@@ -212,11 +224,40 @@ class Transport:
         loop = asyncio.get_running_loop()
         self._monitor = monitor
         self._monitor_events = zmq.Socket.shadow(monitor.underlying)
+        # each accept goes to the guard as soon as libzmq reports it (the descriptor headroom is checked
+        # there), not only at the guard's next check
+        self._monitor_fd = self._monitor_events.FD
+        loop.add_reader(self._monitor_fd, self._drain_inbound_events, DRAIN_BATCH)
+        self._warn_if_few_descriptors()
         self._guards = [loop.create_task(self._guard_forever())]
         self._receiver = loop.create_task(self._receive_forever(router))
         self._failed = loop.create_future()
         for task in (self._receiver, *self._guards):
             task.add_done_callback(self._note_failure)
+
+    def _hold_descriptors(self) -> None:
+        """The descriptors the guards' duplicates will live in (``gossip/net/inbound.py``): one per
+        connection the inbound guard may watch and one more, one per destination and one more."""
+        try:
+            self.guard.pool = DescriptorPool(self.guard.max_connections + 1)
+            self.outbound.pool = DescriptorPool(len(self.endpoints) + 1)
+        except OSError as exc:
+            if self.guard.pool is not None:
+                self.guard.pool.close()
+                self.guard.pool = None
+            raise PeerUnreachable(f"peer {self.rank} cannot hold the descriptors its connections need: "
+                                  f"{exc.strerror} (raise the open-file limit, ulimit -n)") from exc
+
+    def _warn_if_few_descriptors(self) -> None:
+        """One warning when the open-file limit leaves fewer free descriptors than this peer keeps for
+        itself plus one per inbound connection it allows: then even its neighbours' connections may be cut."""
+        free = free_descriptors()
+        needed = self.guard.reserve + self.guard.max_connections
+        if free is not None and free < needed:
+            log.warning("peer %d: only %d descriptors are free (open-file limit %d), fewer than the %d it keeps "
+                        "for itself and its %d inbound connections; raise the limit (ulimit -n)", self.rank, free,
+                        resource.getrlimit(resource.RLIMIT_NOFILE)[0], self.guard.reserve,
+                        self.guard.max_connections)
 
     def close(self, flush_timeout: float | None = None) -> None:
         """Close every socket and stop the loop. First deliver what is queued for up to ``flush_timeout``
@@ -236,7 +277,7 @@ class Transport:
         try:
             if flush_timeout > 0:
                 await asyncio.wait_for(self._drain(), flush_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             linger = 0
             log.warning("peer %d: %d queued messages were not sent within %.0f s", self.rank,
                         sum(o.queue.qsize() for o in self._outboxes.values()), flush_timeout)
@@ -247,12 +288,19 @@ class Transport:
             outbox.close(linger)
         if self._router_fd is not None:
             asyncio.get_running_loop().remove_reader(self._router_fd)
+        if self._monitor_fd is not None:
+            asyncio.get_running_loop().remove_reader(self._monitor_fd)
+            self._monitor_fd = None  # (a batch still scheduled finds it so and returns)
         if self._router is not None:
             self._router.disable_monitor()
             self._monitor.close(linger=0)
             self._router.close(linger=0)
         self.guard.close()
         self.outbound.close()
+        for guard in (self.guard, self.outbound):
+            if guard.pool is not None:
+                guard.pool.close()
+                guard.pool = None
         if self._authenticator is not None:
             self._authenticator.stop()
         context, self._context = self._context, None
@@ -553,24 +601,37 @@ class Transport:
         rank = self.keys.rank_of(identity.get("User-Id") or "") if self.keys is not None else None
         return f"peer {rank}" if rank is not None else f"connection {identity.bytes.hex()}"
 
-    def _drain_inbound_events(self) -> None:
+    def _drain_inbound_events(self, batch: int | None = None) -> None:
         """Hand the ROUTER's queued connection events (accepted, closed) to the guard, in order, without
         waiting. ZeroMQ queues a connection's accept event before any of its messages can be read, so a
         message whose descriptor the guard does not know yet calls this first and then finds its
         connection named: a hello is never judged without knowing which connection it came on. The one
-        reader of the monitor, so events are never handled out of order."""
+        reader of the monitor, so events are never handled out of order. ``batch``: handle at most that many
+        and come back for the rest after the loop's other work (a flood of connections cannot starve it);
+        the free descriptors are counted once per batch (``InboundGuard.look``)."""
+        if batch is not None and self._monitor_fd is None:  # closed since this was scheduled
+            return
         events = self._monitor_events  # (read plainly: no future per read, no exception once empty)
-        while events.get(zmq.EVENTS) & zmq.POLLIN:
-            event = parse_monitor_message(events.recv_multipart(zmq.NOBLOCK))
-            if event["event"] == zmq.EVENT_ACCEPTED:
-                self.guard.accepted(int(event["value"]))
-            else:
-                self.guard.closed(int(event["value"]))
+        taken = []
+        while (batch is None or len(taken) < batch) and events.get(zmq.EVENTS) & zmq.POLLIN:
+            taken.append(parse_monitor_message(events.recv_multipart(zmq.NOBLOCK)))
+        if any(event["event"] == zmq.EVENT_ACCEPTED for event in taken):
+            self.guard.look()
+        try:
+            for event in taken:
+                if event["event"] == zmq.EVENT_ACCEPTED:
+                    self.guard.accepted(int(event["value"]))
+                else:
+                    self.guard.closed(int(event["value"]))
+        finally:
+            self.guard.done_looking()
+        if batch is not None and len(taken) == batch:
+            asyncio.get_running_loop().call_soon(self._drain_inbound_events, batch)
 
     async def _guard_forever(self) -> None:
         while True:
             await asyncio.sleep(CHECK_SECONDS)
-            self._drain_inbound_events()
+            self._drain_inbound_events(DRAIN_BATCH)
             self.guard.check()
             self.outbound.check()
 
@@ -668,7 +729,8 @@ class _Outbox:
 
 
 def _raise_descriptor_limit() -> None:
-    """Every connection costs a descriptor (two while the inbound guard watches it): use the hard limit."""
+    """Every connection costs a descriptor, and the guards hold one per connection they may watch
+    (``gossip/net/inbound.py``): use the hard limit."""
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
