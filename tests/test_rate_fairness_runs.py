@@ -4,7 +4,8 @@ known (``tests/tasks.py:targets``: peer i minimises 0.5 |x - b_i|^2, so the righ
 In every mode, with equal speeds and with one peer four times slower, the product model must reach mean b:
 exactly in the synchronous modes (below 1e-9), and in the asynchronous ones either exactly (the server's
 memory of each worker's latest gradient: below 1e-6) or with a constant-step bias that falls with the
-learning rate (at a quarter of it, with four times the steps, at most half the error). A rate-weighted
+learning rate (at a quarter of it, with four times the steps, well under the error: below, at most 0.6 of it).
+A rate-weighted
 fixed point (rate compensation off) or a slow peer training alone at the end (each peer's own quota) keeps
 its error whatever the learning rate, and fails.
 
@@ -44,16 +45,18 @@ def test_the_synchronous_modes_reach_the_mean_of_the_objectives_exactly(launch_r
 @pytest.mark.parametrize("speeds", SPEEDS)
 @pytest.mark.parametrize("mode", ASYNCHRONOUS)
 def test_the_asynchronous_modes_reach_the_mean_of_the_objectives(launch_run, mode, speeds):
-    """gossip-async's error is the mean of four runs (seeds 0 to 3) at each learning rate: its last iterate
+    """gossip-async's error is the mean of six runs (seeds 0 to 5) at each learning rate: its last iterate
     also has a random part, from the order in which the peers' last steps land, about as large as the bias
-    at lr / 4 and larger on a loaded machine (with two runs, a full-suite run measured the lr / 4 error at
-    0.82 of the lr one's); four runs quarter its variance. The server's memory makes its modes
-    exact."""
-    seeds = (0, 1, 2, 3) if mode == "gossip-async" else (0,)
+    at lr / 4. Over 40 runs at each learning rate on an idle machine (equal speeds) the mean error at lr / 4
+    was 0.29 of the mean at lr, as a bias in proportion to lr makes it (0.25); a bias that does not fall
+    would keep it near 1. Drawn from those runs, the mean of four at lr / 4 exceeded half the mean of four
+    at lr in 4.4% of draws (two full-suite runs of one day failed so, at 0.53 and 0.67), six in 2.0%; with
+    the bound at 0.6, six in 0.3%. The server's memory makes its modes exact."""
+    seeds = tuple(range(6)) if mode == "gossip-async" else (0,)
     runs = {lr: [quadratic(launch_run, mode, speeds, lr, round(STEPS * LR / lr), "--seed", str(seed),
                            name=f"lr{LR / lr:g}-seed{seed}") for seed in seeds] for lr in (LR, LR / 4)}
     fast, slow = (sum(error(run) for run in runs[lr]) / len(seeds) for lr in (LR, LR / 4))
-    assert slow <= fast / 2 or max(fast, slow) < 1e-6, (fast, slow)
+    assert slow <= 0.6 * fast or max(fast, slow) < 1e-6, (fast, slow)
     for run in runs[LR] + runs[LR / 4]:
         steps = [next(e for e in run.events(r) if e["event"] == "end")["step"] for r in range(6)]
         budget = 6 * run.summary["steps"]  # the swarm's, spent (up to a step a peer: gossip-async looks ahead)
