@@ -1,0 +1,240 @@
+"""Low-communication training over a slow link: DDP, gossip, DiLoCo and decentralized DiLoCo on charlm.
+
+    python bench/lowcomm.py                                    # as root: it makes two network namespaces
+    python bench/lowcomm.py --steps 300 --h 10 --rates 100mbit # a quick look
+
+Two hosts (Linux network namespaces, ``tests/netns.py``) joined by a veth link limited to each of ``--rates``
+in turn (``tc tbf``), ``--per-host`` peers on each (4: 8 peers), train the ``charlm`` task at its recipe
+(AdamW, cosine schedule) for ``--steps`` steps each, so every row processes the same samples. The rows, for
+each rate, one after the other:
+
+- ``ddp``: ``bench/ddp.py --task charlm``, gloo all-reducing the gradients over the link every step;
+- ``gossip-sync``: ``python -m launch --mode gossip-sync`` on a ring, averaging every step;
+- ``diloco-H``: ``--mode ps-avg --local-steps H --outer-optimizer nesterov`` (the server on the first host:
+  DiLoCo, OpenDiLoCo's outer lr 0.7 and momentum 0.9), and ``diloco-H-int8`` with ``--compress int8``
+  (int8 pseudo-gradients with error feedback, ``gossip/coordinator/pseudograd.py``);
+- ``gossip-outer-H``: ``--mode gossip-sync --gossip-every H --outer-optimizer nesterov`` (decentralized
+  DiLoCo, ``gossip/averagers/outer.py``; gossip has no int8 row: its compressed mode has no outer step),
+
+for every H of ``--h``. For each row: the final validation loss of the run's product (DDP: rank 0's model;
+ps-avg: the server's; gossip: the peers' averaged model, ``model-final.pt``), the bytes that left both ends
+of the limited link during the row, the run time, and the time from the first ``ready`` until the row's
+validation loss curve (the mean of the peers' latest evaluations; ps-avg: the server's) first reaches DDP's
+final loss at that rate. The link's byte counters are read every half second, so each evaluation is placed
+at the bytes sent by then: ``lowcomm-<rate>.png`` in ``--out`` plots validation loss against bytes over the
+link, one curve per row. Results: ``--out`` (default ``bench/results/lowcomm``), one directory per row and
+rate, ``results.json``, the plots, and a markdown table per rate printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Self
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from multihost import link_bytes, run_ddp, run_gossip  # (bench/, the script's directory)
+from straggler import mean_eval_curve
+
+from tests import netns
+from tests.conftest import free_base_port
+
+TASK = "charlm"
+OUTER = ("--outer-optimizer", "nesterov")
+
+
+def row_specs(hs: list[int]) -> dict[str, tuple[str, tuple[str, ...] | None]]:
+    """short name -> (launcher mode, its extra flags; None: DDP), in the table's order."""
+    rows: dict[str, tuple[str, tuple[str, ...] | None]] = {"ddp": ("", None), "gossip-sync": ("gossip-sync", ())}
+    for h in hs:
+        rows[f"diloco-{h}"] = ("ps-avg", ("--local-steps", str(h), *OUTER))
+        rows[f"diloco-{h}-int8"] = ("ps-avg", ("--local-steps", str(h), *OUTER, "--compress", "int8"))
+        rows[f"gossip-outer-{h}"] = ("gossip-sync", ("--gossip-every", str(h), *OUTER))
+    return rows
+
+
+class LinkMeter:
+    """The link's bytes (both directions) every ``period`` seconds while a row runs: (time, bytes since start)."""
+
+    def __init__(self, hosts: netns.TwoHosts, period: float = 0.5) -> None:
+        self.hosts, self.period = hosts, period
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._base = link_bytes(hosts)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._sample()
+
+    def _sample(self) -> None:
+        self.samples.append((time.time(), link_bytes(self.hosts) - self._base))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.period)
+
+    def at(self, moment: float) -> int:
+        """Bytes by ``moment`` (the last sample at or before it)."""
+        sent = 0
+        for t, count in self.samples:
+            if t > moment:
+                break
+            sent = count
+        return sent
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def analyse(out: Path, peers: int, meter: LinkMeter) -> dict:
+    """The row's validation loss curve (time since the first ready, loss, link bytes by then), its final
+    loss and its run time."""
+    events = [_events(out / f"peer-{rank}.jsonl") for rank in range(peers)]
+    t0 = min(e["time"] for peer in events for e in peer if e["event"] == "ready")
+    server = out / "server.jsonl"
+    if server.exists():  # ps-avg: the server's model is the product
+        evals = [e for e in _events(server) if e["event"] == "eval"]
+        curve = [(e["time"] - t0, e["loss"]) for e in evals]
+    else:
+        curve = mean_eval_curve(events, t0, metric="loss")
+    summary = out / "summary.json"
+    if summary.exists():
+        final = json.loads(summary.read_text())["loss"]
+    else:  # DDP: rank 0's model, which every rank shares
+        final = next(e for e in events[0] if e["event"] == "end")["test"]["loss"]
+    ends = [e["time"] for peer in events for e in peer if e["event"] == "end"]
+    return {"final_loss": final, "wall_seconds": max(ends) - t0,
+            "curve": [(t, loss, meter.at(t0 + t)) for t, loss in curve]}
+
+
+def run_row(hosts: netns.TwoHosts, out: Path, args: argparse.Namespace, mode: str,
+            extra: tuple[str, ...] | None) -> Callable[[], None]:
+    if extra is None:
+        return lambda: run_ddp(hosts, out, args, args.per_host, TASK)
+    if mode == "ps-avg":  # the server evaluates by version (one per H steps): as often in steps as the others
+        h = int(extra[extra.index("--local-steps") + 1])
+        args = argparse.Namespace(**{**vars(args), "eval_every": max(1, args.eval_every // h)})
+    return lambda: run_gossip(hosts, out, mode, args, args.per_host, TASK, extra)
+
+
+def table(rows: dict[str, dict]) -> str:
+    ddp = rows.get("ddp", {}).get("final_loss")
+    ddp_bytes = rows.get("ddp", {}).get("link_bytes")
+    lines = [("| row | final validation loss | vs DDP | over the link | DDP's bytes / row's | time to DDP's final "
+              "loss | run time |"), "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, row in rows.items():
+        if "failed" in row:
+            lines.append(f"| {name} | failed | | {row['link_bytes'] / 1e6:.1f} MB | | | |")
+            continue
+        versus = f"{row['final_loss'] / ddp - 1:+.1%}" if ddp else ""
+        ratio = f"{ddp_bytes / row['link_bytes']:.0f}x" if ddp_bytes and row["link_bytes"] else ""
+        hit = next((t for t, loss, _ in row["curve"] if ddp is not None and loss <= ddp), None)
+        lines.append(f"| {name} | {row['final_loss']:.4f} | {versus} | {row['link_bytes'] / 1e6:.1f} MB | {ratio} | "
+                     f"{'not reached' if hit is None else f'{hit:.0f} s'} | {row['wall_seconds']:.0f} s |")
+    return "\n".join(lines)
+
+
+def plot(rows: dict[str, dict], rate: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name, row in rows.items():
+        if row.get("curve"):
+            axes.plot([max(b, 1) / 1e6 for _, _, b in row["curve"]], [loss for _, loss, _ in row["curve"]],
+                      marker=".", label=name)
+    axes.set_xscale("log")
+    axes.set_xlabel("bytes over the link (MB, log)")
+    axes.set_ylabel("validation loss (nats per character)")
+    axes.set_title(f"charlm, {rate} between two hosts")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3000, help="steps per peer (and DDP steps)")
+    parser.add_argument("--h", default="10,50", help="comma list of inner steps between outer steps")
+    parser.add_argument("--rates", default="100mbit,10mbit", help="comma list of link rates, as tc writes them")
+    parser.add_argument("--per-host", type=int, default=4, help="peers (DDP ranks, workers) on each host")
+    parser.add_argument("--rows", default="", help="comma list of rows to run (default: all)")
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--compute-ms", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lowcomm")
+    args = parser.parse_args()
+    try:
+        hs = [int(h) for h in args.h.split(",") if h.strip()]
+    except ValueError:
+        parser.error(f"--h {args.h!r}: use a comma list of whole numbers, e.g. 10,50")
+    if not hs or min(hs) < 1:
+        parser.error(f"--h {args.h!r}: use a comma list of whole numbers >= 1")
+    specs = row_specs(hs)
+    names = [n.strip() for n in args.rows.split(",") if n.strip()] or list(specs)
+    if any(n not in specs for n in names):
+        parser.error(f"--rows {args.rows!r}: use a comma list of {', '.join(specs)}")
+    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    if (reason := netns.unavailable()) is not None:
+        parser.error(f"cannot make the two hosts: {reason}")
+    if args.out.exists() and any(args.out.iterdir()):
+        parser.error(f"{args.out} is not empty; remove it or pass another --out")
+    args.out.mkdir(parents=True, exist_ok=True)
+    began, peers, results = time.time(), 2 * args.per_host, {"args": vars(args) | {"out": str(args.out)}, "rates": {}}
+    for rate in rates:
+        rows: dict[str, dict] = {}
+        with tempfile.TemporaryDirectory(prefix="lc-") as scratch, netns.two_hosts(Path(scratch), rate) as hosts:
+            measured = netns.throughput(hosts, hosts.wan[1], 16 << 20, free_base_port(1))
+            print(f"{rate}: one TCP stream {measured * 8 / 1e6:.1f} Mbit/s", flush=True)
+            for name in names:
+                mode, extra = specs[name]
+                out = args.out / rate / name
+                print(f"{rate} {name} ...", flush=True)
+                started = time.time()
+                with LinkMeter(hosts) as meter:
+                    try:
+                        run_row(hosts, out, args, mode, extra)()
+                    except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
+                        print(f"{name} failed: {exc!r}; its output is in {out}", flush=True)
+                        rows[name] = {"failed": repr(exc), "seconds": time.time() - started}
+                if name not in rows:
+                    try:
+                        rows[name] = analyse(out, peers, meter)
+                    except (OSError, ValueError, KeyError, StopIteration) as exc:
+                        print(f"{name}: its output does not read: {exc!r}; see {out}", flush=True)
+                        rows[name] = {"failed": repr(exc), "seconds": time.time() - started}
+                rows[name]["link_bytes"] = meter.samples[-1][1]
+        results["rates"][rate] = {"link_bytes_per_second": measured, "rows": rows}
+        plot(rows, rate, args.out / f"lowcomm-{rate}.png")
+        print(f"\n{rate}\n{table(rows)}\n", flush=True)
+    results["machine"] = f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"bench time {time.time() - began:.0f} s; {results['machine']}; plots: {args.out}/lowcomm-<rate>.png")
+    if any("failed" in row for rate in results["rates"].values() for row in rate["rows"].values()):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
