@@ -161,18 +161,24 @@ def held_digits(ctx: TaskContext) -> Task:
     return _before_step(task, HOLD_STEP, hold)
 
 
+def target_vectors(seed: int, world_size: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``targets``' b_r of every rank (a row each), their mean (the answer) and the rms distance of the b_r
+    from it (what ``error`` divides by)."""
+    def target(rank: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + rank)
+        return torch.randn(dim, generator=generator, dtype=torch.float64)
+
+    every = torch.stack([target(r) for r in range(world_size)])
+    mean = every.mean(0)
+    return every, mean, float((every - mean).pow(2).sum(1).mean().sqrt())
+
+
 def targets(ctx: TaskContext) -> Task:
     """Peer r minimises f_r(x) = 0.5 |x - b_r|^2 with its own target b_r (``ctx.dim`` normal draws seeded by
     the seed and the rank), with exact gradients, from x = 0; the minimiser of the peers' mean objective is
     mean b. ``evaluate`` gives ``error``: |x - mean b| over the rms distance of the b_r from mean b (1: as
     far off as a typical peer's own optimum)."""
-    def target(rank: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(ctx.seed * 1_000_003 + rank)
-        return torch.randn(ctx.dim, generator=generator, dtype=torch.float64)
-
-    every = torch.stack([target(r) for r in range(ctx.world_size)])
-    mean = every.mean(0)
-    spread = float((every - mean).pow(2).sum(1).mean().sqrt())
+    every, mean, spread = target_vectors(ctx.seed, ctx.world_size, ctx.dim)
     own = every[ctx.rank]
     model = Vector(torch.zeros(ctx.dim, dtype=torch.float64))
     model.value.requires_grad_(True)

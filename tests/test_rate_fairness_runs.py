@@ -4,8 +4,7 @@ known (``tests/tasks.py:targets``: peer i minimises 0.5 |x - b_i|^2, so the righ
 In every mode, with equal speeds and with one peer four times slower, the product model must reach mean b:
 exactly in the synchronous modes (below 1e-9), and in the asynchronous ones either exactly (the server's
 memory of each worker's latest gradient: below 1e-6) or with a constant-step bias that falls with the
-learning rate (at a quarter of it, with four times the steps, well under the error: below, at most 0.6 of it).
-A rate-weighted
+learning rate (at a quarter of it, with four times the steps, at most half the error). A rate-weighted
 fixed point (rate compensation off) or a slow peer training alone at the end (each peer's own quota) keeps
 its error whatever the learning rate, and fails.
 
@@ -17,7 +16,10 @@ convergence to the exact fixed point.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+
+from tests.tasks import target_vectors
 
 SPEEDS = {"equal": "1,1,1,1,1,1", "slow": "1,1,1,1,1,0.25"}
 BASE = ("--task", "tests.tasks:targets", "--dim", "10", "--compute-ms", "2", "--log-every", "1000")
@@ -27,6 +29,22 @@ ASYNCHRONOUS = ["gossip-async", "ps-async", "ps-ssp", "ps-dcasgd"]
 
 def error(run) -> float:
     return run.summary["final_model"]["error"]
+
+
+def settled_error(run, seed: int) -> float:
+    """``error`` of the network's push-sum mean averaged over the second half of each peer's sampled rounds
+    (sum_i mean_t(w_i z_i) / sum_i mean_t(w_i)): the fixed point the run settles at, without the last
+    iterate's random part."""
+    _, answer, spread = target_vectors(seed, 6, 10)
+    mass, weight, index = 0.0, 0.0, None
+    for rank in range(6):
+        trace = np.load(run.out / f"trace-{rank}.npz")
+        later = trace["rounds"] >= trace["rounds"].max() / 2
+        mass = mass + (trace["values"][later] * trace["weights"][later, None]).mean(0)
+        weight += float(trace["weights"][later].mean())
+        index = trace["index"]  # (the coordinates sampled: the same on every peer; all 10 here)
+    assert len(index) == 10
+    return float(np.linalg.norm(mass / weight - answer.numpy()[index])) / spread
 
 
 def quadratic(launch_run, mode: str, speeds: str, lr: float, steps: int, *extra: str, name: str = "run"):
@@ -45,18 +63,21 @@ def test_the_synchronous_modes_reach_the_mean_of_the_objectives_exactly(launch_r
 @pytest.mark.parametrize("speeds", SPEEDS)
 @pytest.mark.parametrize("mode", ASYNCHRONOUS)
 def test_the_asynchronous_modes_reach_the_mean_of_the_objectives(launch_run, mode, speeds):
-    """gossip-async's error is the mean of six runs (seeds 0 to 5) at each learning rate: its last iterate
-    also has a random part, from the order in which the peers' last steps land, about as large as the bias
-    at lr / 4. Over 40 runs at each learning rate on an idle machine (equal speeds) the mean error at lr / 4
-    was 0.29 of the mean at lr, as a bias in proportion to lr makes it (0.25); a bias that does not fall
-    would keep it near 1. Drawn from those runs, the mean of four at lr / 4 exceeded half the mean of four
-    at lr in 4.4% of draws (two full-suite runs of one day failed so, at 0.53 and 0.67), six in 2.0%; with
-    the bound at 0.6, six in 0.3%. The server's memory makes its modes exact."""
-    seeds = tuple(range(6)) if mode == "gossip-async" else (0,)
+    """gossip-async's error is that of its fixed point, measured over four runs (seeds 0 to 3) at each learning
+    rate: the network's mean (push-sum weighted) averaged over the second half of each peer's rounds, from
+    the traces (``settled_error``). Its last iterate also moves at random around that point, by an amount
+    that timing decides (the order of the last steps, the time each step is credited with): three
+    full-suite runs of one day put the last iterates' error at lr / 4 at 0.53-0.67 of that at lr, where on
+    an idle machine 40 runs at each learning rate gave 0.29; the time average of the same runs gave 0.23
+    (and 0.05-0.28 on the idle machine), as a bias in proportion to lr makes it (0.25). A bias that does
+    not fall keeps it near 1: with --rate-compensation off (a rate-weighted fixed point), slow speeds, the
+    same four seeds measured 1.07. The server's memory makes its modes exact (their last iterate is it)."""
+    seeds = (0, 1, 2, 3) if mode == "gossip-async" else (0,)
     runs = {lr: [quadratic(launch_run, mode, speeds, lr, round(STEPS * LR / lr), "--seed", str(seed),
                            name=f"lr{LR / lr:g}-seed{seed}") for seed in seeds] for lr in (LR, LR / 4)}
-    fast, slow = (sum(error(run) for run in runs[lr]) / len(seeds) for lr in (LR, LR / 4))
-    assert slow <= 0.6 * fast or max(fast, slow) < 1e-6, (fast, slow)
+    measure = settled_error if mode == "gossip-async" else (lambda run, seed: error(run))
+    fast, slow = (sum(measure(run, seed) for run, seed in zip(runs[lr], seeds)) / len(seeds) for lr in (LR, LR / 4))
+    assert slow <= fast / 2 or max(fast, slow) < 1e-6, (fast, slow)
     for run in runs[LR] + runs[LR / 4]:
         steps = [next(e for e in run.events(r) if e["event"] == "end")["step"] for r in range(6)]
         budget = 6 * run.summary["steps"]  # the swarm's, spent (up to a step a peer: gossip-async looks ahead)
