@@ -42,6 +42,13 @@ PARTNERS = ("any", "similar-speed")
 AGGREGATES = ("mean", "median", "trimmed-mean", "norm-clip")
 COORDINATE_WISE = ("median", "trimmed-mean")  # gossip/aggregate.py: gossip, ps-sync and ps-avg
 NORM_BOUNDED = ("ps-sync", "ps-async", "ps-ssp", "ps-dcasgd")  # norm-clip: gossip/coordinator/normbound.py
+
+
+def robust_rules(mode: str) -> str:
+    """The --aggregate values that keep a byzantine contribution out of ``mode``'s result, in words: a
+    server that applies one gradient at a time has no median, only the norm bound."""
+    return "norm-clip" if mode in ("ps-async", "ps-ssp", "ps-dcasgd") else "median or trimmed-mean"
+
 COMPRESS = ("none", "float16", "int8")  # gossip/compression.py
 OPTIMIZERS = ("sgd", "adamw")  # gossip/optim.py
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -713,7 +720,7 @@ def _check_compress(cfg: GossipConfig) -> None:
     _check_choice(cfg, "compress", COMPRESS)
     if not (_is_real(cfg.consensus_step) and 0 < cfg.consensus_step <= 1):
         raise ConfigError(f"--consensus-step must be in (0, 1], got {cfg.consensus_step!r}")
-    if cfg.compress == "none" or cfg.mode == "ps-avg":  # (ps-avg: each worker's change, gossip/coordinator/pseudograd.py)
+    if cfg.compress == "none" or cfg.mode == "ps-avg":  # (ps-avg: gossip/coordinator/pseudograd.py)
         return
     if cfg.mode != "gossip-sync":
         raise ConfigError(f"--compress {cfg.compress} applies to --mode gossip-sync (every compressed difference "

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gossip.config import RunConfig
+from gossip.config import RunConfig, robust_rules
 from gossip.errors import ConfigError, Diverged, GossipError
 from gossip.exit import exit_now
 from gossip.health import model_problem
@@ -404,8 +404,8 @@ def remedy(cfg: RunConfig, server: dict[str, Any] | None) -> str:
     """What to change when the run's product model is unusable or learned nothing: keep the garbage of the
     --byzantine peers out of the mean, or else take smaller steps."""
     if cfg.gossip.byzantine and cfg.gossip.aggregate == "mean":
-        rule = "norm-clip" if cfg.gossip.mode in ("ps-async", "ps-ssp", "ps-dcasgd") else "median or trimmed-mean"
-        return f"the --byzantine peers' garbage reached the plain mean: use --aggregate {rule}"
+        return ("the --byzantine peers' garbage reached the plain mean: use --aggregate "
+                f"{robust_rules(cfg.gossip.mode)}")
     return f"lower --lr (now {cfg.lr:g}){' or set --server-lr' if server and server.get('optimizer') else ''}"
 
 

@@ -24,6 +24,7 @@ import zmq
 from gossip.compression import encode_difference_, scratch_numel
 from gossip.config import GossipConfig, RunConfig
 from gossip.net.wire import Layout, encode, params_header
+from launch.events import read_events
 from tests.conftest import ROOT, free_base_port, reap_peers, start_launcher, wait_until
 from tests.hostile import Stranger, forged, victim_layout
 from tests.launcher import Launched
@@ -382,10 +383,9 @@ def test_forged_welcomes_while_a_peer_restarts_are_not_taken(tmp_path):
 
 
 def _events(path: Path) -> list[str]:
-    try:
-        return [json.loads(line)["event"] for line in path.read_text().splitlines() if line.endswith("}")]
-    except (OSError, ValueError):
-        return []
+    """The kinds of the events a peer logged so far (``launch.events.read_events``: a missing file or a
+    line still being written reads as nothing)."""
+    return [event["event"] for event in read_events(path)]
 
 
 def _compressed(layout: Layout, codec: str, sender: int, round: int) -> list:

@@ -1,5 +1,5 @@
 """The outer step of decentralized DiLoCo (gossip/averagers/outer.py), pure: its closed form round after
-round, the identity it reduces to, the server's outer step it equals when every peer holds the same mean,
+round, the plain gossip it reduces to, the server's outer step it equals when every peer holds the same mean,
 and its state in a checkpoint."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from gossip.api import gossip_outer
 from gossip.averagers.outer import OuterStep
+from gossip.config import CoordinatorConfig
 from gossip.errors import CheckpointError
 from gossip.flat import FlatParams
 
@@ -24,12 +26,11 @@ def weights(flat: FlatParams) -> torch.Tensor:
     return flat.segments[0].clone()
 
 
-def test_outer_sgd_with_lr_1_and_no_momentum_gives_the_mixed_weights_back_and_keeps_nothing():
-    flat = flat_of([1.0, 2.0])
-    outer = OuterStep(flat, "sgd", 1.0, 0.0)
-    flat.segments[0].copy_(torch.tensor([5.0, -3.0]))
-    outer.apply_()
-    assert torch.equal(weights(flat), torch.tensor([5.0, -3.0])) and outer.anchor == [] and outer.state_dict() == {}
+def test_outer_sgd_with_lr_1_and_no_momentum_is_plain_gossip_and_builds_no_outer_step():
+    for settings in ({}, {"outer_optimizer": "sgd", "outer_lr": 1.0, "outer_momentum": 0.0}):
+        assert gossip_outer(CoordinatorConfig(**settings)) is None
+    assert gossip_outer(CoordinatorConfig(outer_optimizer="nesterov")) == ("nesterov", 0.7, 0.9)
+    assert gossip_outer(None) is None
 
 
 @pytest.mark.parametrize("name", ["nesterov", "sgd"])
@@ -92,12 +93,11 @@ def test_the_outer_state_survives_a_checkpoint_and_one_that_does_not_fit_is_one_
 def test_outer_sgd_1_0_computed_out_is_the_mix_to_float_rounding():
     flat = flat_of([1.0, 2.0, -0.5])
     outer = OuterStep(flat, "sgd", 1.0, 0.0)
-    outer.__class__ = type("Computed", (OuterStep,), {"identity": False})  # run the arithmetic it skips
-    outer.reanchor()
     mixed = torch.tensor([0.25, 1.75, -0.125])
     flat.segments[0].copy_(mixed)
     outer.apply_()
     torch.testing.assert_close(weights(flat), mixed, rtol=0, atol=1e-6)
+    assert torch.equal(outer.anchor[0], weights(flat)) and outer.buffers == []
 
 
 # -- real runs --------------------------------------------------------------------------------------------

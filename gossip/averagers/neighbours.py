@@ -35,14 +35,13 @@ class GossipAverager(Averager):
 
     def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None,
                  outer: tuple[str, float, float] | None = None) -> None:
-        """``outer``: (optimizer, lr, momentum) of the outer step each mixing point ends with (``outer.py``);
-        None, or outer SGD with lr 1 and no momentum, is plain gossip."""
+        """``outer``: (optimizer, lr, momentum) of the outer step each mixing point ends with (``outer.py``,
+        ``gossip.api.gossip_outer``); None: plain gossip."""
         self.topology = topology  # None for a peer alone; set before the mailbox, which asks for neighbours
         self.dead: set[int] = set()  # neighbours declared dead and not back
         self.deaths = self.readmitted = 0  # neighbours declared dead / re-admitted after a restart
         super().__init__(flat, config)
-        step = OuterStep(flat, *outer) if outer is not None else None
-        self.outer = step if step is not None and not step.identity else None
+        self.outer = OuterStep(flat, *outer) if outer is not None else None
         if self.outer is not None and not (self.takes_outer and config.deadline == "fixed"
                                            and config.weight_by == "none"):
             raise ConfigError(f"an outer optimizer ({outer[0]}, lr {outer[1]:g}, momentum {outer[2]:g}) needs the "

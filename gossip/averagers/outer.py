@@ -6,20 +6,21 @@ keeps one set of global weights theta; every worker starts H inner steps from th
 their weights and treats delta = theta - mean as a pseudo-gradient for an outer Nesterov step
 (``gossip/coordinator/averaging.py``). Without a server there is no global theta: peer i keeps an anchor
 a_i (its weights right after its last outer step) and its own outer momentum m_i. At each mixing point
-it mixes with its neighbours by the push-sum rules (``sync.py``, ``pushsum.py``: the mass, the weights
-w_i, is untouched by what follows), which gives z_i, and then
+it mixes with its neighbours by gossip-sync's rules (``sync.py``: the push-sum weights w_i are untouched by
+what follows), which gives z_i, and then
 
     delta_i = a_i - z_i,    m_i <- mu m_i + delta_i,
     z_i <- a_i - eta (delta_i + mu m_i)    (Nesterov, PyTorch's form; plain momentum: a_i - eta m_i),
     a_i <- z_i.
 
-With eta 1 and mu 0 the step gives z_i back: local-steps gossip, which is why ``OuterStep.identity`` runs
-nothing and keeps no anchor. NoLoCo (Kolehmainen et al., arXiv 2506.10911; its authors' code,
-``sparse_optimizer_c.py`` of jkolehm/noloco) averages each replica with a random group per outer step;
-written out, its update is m_i <- mu m_i + eta (mean of the group's current weights - a_i), a_i <- a_i +
-m_i: the same pseudo-gradient (a gossip mix is a weighted mean of the neighbours' weights) with heavy-ball
-momentum where this uses Nesterov's, as OpenDiLoCo and the server's outer step do, so one outer
-optimizer means the same on the server and over gossip. The anchor and the momentum cost two copies of
+With eta 1 and mu 0 the step gives z_i back: local-steps gossip, so those settings build no ``OuterStep``
+(``gossip.api.gossip_outer``, by the rule that makes ps-avg's server plainly average). NoLoCo
+(Kolehmainen et al., arXiv 2506.10911; its authors' code, ``sparse_optimizer_c.py`` of jkolehm/noloco)
+averages each replica with a random group per outer step; written out, its update is m_i <- mu m_i + eta
+(mean of the group's current weights - a_i), a_i <- a_i + m_i: the same pseudo-gradient (a gossip mix is
+a weighted mean of the neighbours' weights) with heavy-ball momentum where this uses Nesterov's, as
+OpenDiLoCo and the server's outer step do, so one outer optimizer means the same on the server and over
+gossip. The anchor and the momentum cost two copies of
 the model's floating-point tensors; both are saved in the checkpoint.
 
 Where it applies: the lockstep mix of gossip-sync (fixed deadlines, no ``--weight-by``), not overlapped
@@ -52,24 +53,15 @@ class OuterStep:
         self.anchor: list[torch.Tensor] = []
         self.buffers: list[torch.Tensor] = []
         self.steps = 0
-        if not self.identity:
-            self.reanchor()
-
-    @property
-    def identity(self) -> bool:
-        """Outer SGD with lr 1 and no momentum: z_i comes back unchanged."""
-        return self.name == "sgd" and self.lr == 1.0 and self.momentum == 0.0
+        self.reanchor()
 
     def reanchor(self) -> None:
         """The current weights are the anchor (at the start, and after a restarted peer took its
         neighbours' models): the next outer step measures the change from them."""
-        if not self.identity:
-            self.anchor = [segment.detach().clone() for segment in self.flat.segments]
+        self.anchor = [segment.detach().clone() for segment in self.flat.segments]
 
     def apply_(self) -> None:
         """One outer step on the weights just mixed (see the module docstring)."""
-        if self.identity:
-            return
         weights = list(self.flat.segments)
         with torch.no_grad():
             delta = torch._foreach_sub(self.anchor, weights)
@@ -88,15 +80,11 @@ class OuterStep:
         self.steps += 1
 
     def state_dict(self) -> dict[str, Any]:
-        if self.identity:
-            return {}
         return {"anchor": [a.cpu() for a in self.anchor], "momentum": [b.cpu() for b in self.buffers],
                 "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A checkpoint's outer state, checked against this model first (one line when it does not fit)."""
-        if self.identity:
-            return
         anchor, momentum = state.get("anchor"), state.get("momentum", [])
         shapes = [(s.dtype, s.numel()) for s in self.flat.segments]
         for name, tensors in (("anchor", anchor), ("momentum", momentum)):

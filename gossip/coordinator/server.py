@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from gossip import checkpoint
-from gossip.config import RunConfig
+from gossip.config import RunConfig, robust_rules
 from gossip.connect import build_transport
 from gossip.coordinator.averaging import ParameterAverage
 from gossip.coordinator.core import Contribution, ServerCore
@@ -167,8 +167,8 @@ class ParameterServer:
         if problem is None:
             return
         if self.config.byzantine and self.config.aggregate == "mean":
-            rules = "norm-clip" if self.config.mode in ASYNCHRONOUS else "median or trimmed-mean"
-            advice = f"the --byzantine workers' garbage reached the plain mean: use --aggregate {rules}"
+            advice = ("the --byzantine workers' garbage reached the plain mean: use --aggregate "
+                      f"{robust_rules(self.config.mode)}")
         elif not self._steps_an_optimizer():
             advice = f"lower --lr (now {self.cfg.lr:g}) or --local-steps"
         elif self.config.mode in SENDS_WEIGHTS:
