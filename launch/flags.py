@@ -113,8 +113,8 @@ TABLE: list[Flag] = [
                                          "--no-overlap sends the weights themselves and mixes before training on "
                                          "(no copy per round, one model less memory)"),
     Flag("--compress", "compress", MIXING, "gossip-sync: send compressed differences from a public copy the "
-                                           "neighbours hold (CHOCO-gossip, error feedback); ps-avg: each worker's "
-                                           "change since the server's weights, with error feedback: "
+                                           "neighbours hold (CHOCO-gossip, error feedback); ps-avg: the workers' "
+                                           "changes and the server's answers, with error feedback: "
                                            + ", ".join(COMPRESS) + "; 2x (float16) or about 4x (int8) fewer bytes, "
                                            "for slow links"),
     Flag("--consensus-step", "consensus_step", MIXING, "--compress: CHOCO's consensus step size gamma in (0, 1]"),

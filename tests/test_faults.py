@@ -59,10 +59,12 @@ def test_a_killed_parameter_server_resumes_from_its_checkpoint(tmp_path):
 
 
 def test_a_killed_diloco_server_resumes_with_its_outer_momentum(tmp_path):
-    """ps-avg with outer Nesterov: the server's checkpoint holds the outer momentum, and the restarted server
-    loads it (past the checks that the optimizer state fits) and trains on."""
+    """ps-avg with outer Nesterov and int8 both ways: the server's checkpoint holds the outer momentum, and the
+    restarted server loads it (past the checks that the optimizer state fits), sends the workers its public
+    weights whole again, and trains on."""
     out = tmp_path / "run"
     launcher = start_launcher(out, 3, "--mode", "ps-avg", "--outer-optimizer", "nesterov", "--local-steps", "5",
+                              "--compress", "int8",
                               "--steps", "300", "--compute-ms", "10", "--checkpoint-every", "5", "--max-restarts",
                               "1", "--round-timeout", "3")
 

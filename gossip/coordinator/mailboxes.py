@@ -42,8 +42,8 @@ class QueueMailbox(Mailbox):
 
 
 class ReplyMailbox(Mailbox):
-    """A parameter-server worker's: the newest weights the server sent (as "weights", or as "end" when
-    the run is over), and whether it acknowledged a hello (it is alive and still has our contribution)
+    """A parameter-server worker's: the newest weights the server sent (as "weights", as "end" when the run
+    is over, or in compressed ps-avg as the compressed change of its public weights), and whether it acknowledged a hello (it is alive and still has our contribution)
     since we last looked."""
 
     accepts = frozenset({"hello", "weights", "end"})
@@ -67,7 +67,7 @@ class ReplyMailbox(Mailbox):
         if message.header.step < self.expected_step:
             raise ProtocolError("stale-reply", f"an answer to our step {message.header.step}; we are at step "
                                                f"{self.expected_step}")
-        if message.header.kind in ("weights", "end"):  # "end": the last weights; the run is over
+        if message.header.kind != "hello":  # "end": the last weights, the run is over; or compressed weights
             self._weights = message
         else:
             self._acknowledged = True

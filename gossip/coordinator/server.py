@@ -27,7 +27,7 @@ from gossip.coordinator.averaging import ParameterAverage
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.mailboxes import QueueMailbox
 from gossip.coordinator.modes import ASYNCHRONOUS, SENDS_WEIGHTS, build_core, outer_optimizer, server_optimizer
-from gossip.coordinator.pseudograd import decode_contribution
+from gossip.coordinator.pseudograd import Answers
 from gossip.coordinator.rates import ArrivalRates
 from gossip.device import cpu_state
 from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped, TransportError
@@ -65,7 +65,7 @@ class ParameterServer:
         self.rates = ArrivalRates(self.workers) if self._compensates("adamw") else None
         contribution = "params" if self.config.mode in SENDS_WEIGHTS else "grad"
         layout = self.flat.layout
-        if self.config.compress != "none":  # ps-avg: each worker's change since our weights, compressed
+        if self.config.compress != "none":  # ps-avg: changes both ways, compressed (pseudograd.py)
             contribution = CODEC_KINDS[self.config.compress]
             layout = dataclasses.replace(layout, codec=self.config.compress)
         self.mailbox = QueueMailbox(self.rank, self.workers + 1, layout,
@@ -78,6 +78,7 @@ class ParameterServer:
         self.started = time.monotonic()
         self.last_heard: dict[int, float] = {}  # worker -> its last message, or our last answer to it
         self.dropped: Counter[str] = Counter()  # implausible contributions (the transport counts the rest)
+        self.answers: Answers | None = None  # compressed ps-avg: our public weights (made once serving)
 
     def _compensates(self, optimizer: str) -> bool:
         """Rate compensation applies, and the server steps ``optimizer``: an asynchronous gradient mode."""
@@ -87,6 +88,8 @@ class ParameterServer:
     def serve(self) -> None:
         """Answer workers until every one has said bye."""
         self.transport.start()
+        if self.config.compress != "none":  # (after a resume: the public copy starts as the weights)
+            self.answers = Answers(self.flat, self.config.compress, self.core.version)
         optimizer = self.optimizer.describe() if self._steps_an_optimizer() else None
         if optimizer:
             log.info("server: %s with lr %.4g, %s %.4g (%s)", optimizer["name"], optimizer["lr"],
@@ -113,7 +116,7 @@ class ParameterServer:
             self.joined.add(worker)
             if self.rates is not None:
                 self.rates.joined(worker, time.monotonic())
-            self._reply(self.core.join(worker, header.step))
+            self._reply(self.core.join(worker, header.step), whole=True)
         elif header.kind == "bye":
             if self._plausible_bye(message):
                 self.finished.add(worker)
@@ -121,8 +124,7 @@ class ParameterServer:
         elif self._plausible(message):
             weight = 1.0 if self.rates is None else self.rates.arrived(worker, time.monotonic(),
                                                                        len(self.core.active))
-            chunks = message.chunks if self.config.compress == "none" else \
-                decode_contribution(self.flat, self.config.compress, message.chunks)
+            chunks = message.chunks if self.answers is None else self.answers.decode_contribution(message.chunks)
             self._reply(self.core.submit(Contribution(worker, header.version, header.step, chunks,
                                                       header.samples, weight)))
 
@@ -219,22 +221,28 @@ class ParameterServer:
                     reason, step, self.core.clocks[worker])
         return False
 
-    def _reply(self, workers: list[int]) -> None:
-        """Send the current weights to ``workers``, and to those the run's end stops, with "end"."""
+    def _reply(self, workers: list[int], whole: bool = False) -> None:
+        """Send the current weights to ``workers`` (compressed ps-avg: the change of our public weights to
+        those that hold their previous version, unless ``whole``), and to those the run's end stops, with
+        "end"."""
         self._log_applied()
         ending = self.core.take_ending()
         if not workers and not ending:
             return
         snapshot, now = self.flat.snapshot(), time.monotonic()
+        if self.answers is not None:
+            self.answers.advance(self.core.version)
         for kind, whom in (("weights", workers), ("end", ending)):
             for worker in whom:  # one copy of the weights; each header names the step it answers
+                sent, payload = (kind, snapshot) if kind == "end" or self.answers is None else \
+                    self.answers.answer(worker, whole)
                 clock = self.core.clocks[worker]
-                header = params_header(kind, self.rank, self.flat.layout, self.flat.chunk_bytes,
+                header = params_header(sent, self.rank, self.flat.layout, self.flat.chunk_bytes,
                                        round=self.core.version, step=clock)
                 self.last_heard[worker] = now  # its silence counts from when it has our answer
                 self.events.write("reply" if kind == "weights" else "end-sent", worker=worker,
                                   version=self.core.version, clock=clock, lead=self.core.lead(worker))
-                self.transport.post([worker], encode(header, snapshot), latest_only=False,
+                self.transport.post([worker], encode(header, payload), latest_only=False,
                                     timeout=self.config.send_timeout)
 
     def _wait_seconds(self) -> float:

@@ -6,6 +6,7 @@ server's answer like the others."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from gossip.averagers.base import Averager
@@ -34,12 +35,17 @@ class PSWorker(Averager):
         self.version = 0  # the server version of the weights we hold
         self.ended = False  # the server answered "end": the run's budget of gradients is spent
         super().__init__(flat, config)
-        # ps-avg with --compress: the change since the server's weights goes out compressed (pseudograd.py)
+        # ps-avg with --compress: our change since the server's public weights goes out compressed, and its
+        # answers come as the change of those (pseudograd.py)
         self.feedback = ErrorFeedback(flat, config.compress) if config.compress != "none" and \
             not self.sends_gradients else None
 
     def _make_mailbox(self) -> ReplyMailbox:
-        return ReplyMailbox(self.rank, self.config.world_size + 1, self.flat.layout, self.config.server_rank)
+        mailbox = ReplyMailbox(self.rank, self.config.world_size + 1, self.flat.layout, self.config.server_rank)
+        if self.config.compress != "none" and self.config.mode in SENDS_WEIGHTS:  # its answers come compressed too
+            mailbox.layout = dataclasses.replace(mailbox.layout, codec=self.config.compress)
+            mailbox.accepts = mailbox.accepts | {CODEC_KINDS[self.config.compress]}
+        return mailbox
 
     def _due(self) -> bool:
         return self.local_step % self.interval == 0
@@ -72,9 +78,10 @@ class PSWorker(Averager):
     def _load(self, timeout: float) -> None:
         with self._timed_wait():
             message = self._wait_for_server(timeout)
-        self.flat.copy_(message.chunks)
         if self.feedback is not None:
-            self.feedback.start()
+            self.feedback.take(message.header.kind, message.chunks)
+        else:
+            self.flat.copy_(message.chunks)
         self.version = message.header.version
         self.ended = self.ended or message.header.kind == "end"
 
