@@ -1,6 +1,7 @@
 """Low-communication training over a slow link: DDP, gossip, DiLoCo and decentralized DiLoCo on charlm.
 
     python bench/lowcomm.py                                    # as root: it makes two network namespaces
+    python bench/lowcomm.py --h 50 --every-step-rates 100mbit  # DDP and gossip-sync at 100 Mbit/s only
     python bench/lowcomm.py --steps 300 --h 10 --rates 100mbit # a quick look
 
 Two hosts (Linux network namespaces, ``tests/netns.py``) joined by a veth link limited to each of ``--rates``
@@ -24,6 +25,12 @@ final loss at that rate. The link's byte counters are read every half second, so
 at the bytes sent by then: ``lowcomm-<rate>.png`` in ``--out`` plots validation loss against bytes over the
 link, one curve per row. Results: ``--out`` (default ``bench/results/lowcomm``), one directory per row and
 rate, ``results.json``, the plots, and a markdown table per rate printed at the end.
+
+With ``--every-step-rates`` the two rows that send every step run only at the rates named (DDP alone
+would take hours over 10 Mbit/s); at the other rates the table compares with DDP's run at the first
+rate (synchronous, it makes the same losses and bytes at any rate), and DDP's time there is given as a
+lower bound: half its link bytes (the busier direction carries at least that) over the link's measured
+rate.
 """
 
 from __future__ import annotations
@@ -136,9 +143,14 @@ def run_row(hosts: netns.TwoHosts, out: Path, args: argparse.Namespace, mode: st
     return lambda: run_gossip(hosts, out, mode, args, args.per_host, TASK, extra)
 
 
-def table(rows: dict[str, dict]) -> str:
-    ddp = rows.get("ddp", {}).get("final_loss")
-    ddp_bytes = rows.get("ddp", {}).get("link_bytes")
+EVERY_STEP = ("ddp", "gossip-sync")  # the rows that send every step
+
+
+def table(rows: dict[str, dict], reference: dict | None = None) -> str:
+    """The rate's rows against DDP: its own row, else ``reference`` (DDP at another rate: the same steps
+    make the same losses and bytes, synchronous as it is)."""
+    reference = rows.get("ddp", reference) or {}
+    ddp, ddp_bytes = reference.get("final_loss"), reference.get("link_bytes")
     lines = [("| row | final validation loss | vs DDP | over the link | DDP's bytes / row's | time to DDP's final "
               "loss | run time |"), "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, row in rows.items():
@@ -181,6 +193,9 @@ def main() -> None:
     parser.add_argument("--rates", default="100mbit,10mbit", help="comma list of link rates, as tc writes them")
     parser.add_argument("--per-host", type=int, default=4, help="peers (DDP ranks, workers) on each host")
     parser.add_argument("--rows", default="", help="comma list of rows to run (default: all)")
+    parser.add_argument("--every-step-rates", default="", help="comma list of the rates at which ddp and "
+                        "gossip-sync run (default: every rate); at the others DDP's losses and bytes are those "
+                        "of its first run, and its time at least its bytes over the link's measured rate")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--compute-ms", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -197,18 +212,23 @@ def main() -> None:
     if any(n not in specs for n in names):
         parser.error(f"--rows {args.rows!r}: use a comma list of {', '.join(specs)}")
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    every_step = [r.strip() for r in args.every_step_rates.split(",") if r.strip()] or rates
+    if any(r not in rates for r in every_step) or (rates[0] not in every_step and "ddp" in names):
+        parser.error(f"--every-step-rates {args.every_step_rates!r}: name some of --rates, the first among them "
+                     "(DDP's run there is the others' reference)")
     if (reason := netns.unavailable()) is not None:
         parser.error(f"cannot make the two hosts: {reason}")
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} is not empty; remove it or pass another --out")
     args.out.mkdir(parents=True, exist_ok=True)
     began, peers, results = time.time(), 2 * args.per_host, {"args": vars(args) | {"out": str(args.out)}, "rates": {}}
+    reference = None  # DDP's row at the first rate
     for rate in rates:
         rows: dict[str, dict] = {}
         with tempfile.TemporaryDirectory(prefix="lc-") as scratch, netns.two_hosts(Path(scratch), rate) as hosts:
             measured = netns.throughput(hosts, hosts.wan[1], 16 << 20, free_base_port(1))
             print(f"{rate}: one TCP stream {measured * 8 / 1e6:.1f} Mbit/s", flush=True)
-            for name in names:
+            for name in [n for n in names if rate in every_step or n not in EVERY_STEP]:
                 mode, extra = specs[name]
                 out = args.out / rate / name
                 print(f"{rate} {name} ...", flush=True)
@@ -226,9 +246,16 @@ def main() -> None:
                         print(f"{name}: its output does not read: {exc!r}; see {out}", flush=True)
                         rows[name] = {"failed": repr(exc), "seconds": time.time() - started}
                 rows[name]["link_bytes"] = meter.samples[-1][1]
+        reference = reference or rows.get("ddp")
         results["rates"][rate] = {"link_bytes_per_second": measured, "rows": rows}
         plot(rows, rate, args.out / f"lowcomm-{rate}.png")
-        print(f"\n{rate}\n{table(rows)}\n", flush=True)
+        print(f"\n{rate}\n{table(rows, reference)}\n", flush=True)
+        if "ddp" not in rows and reference and "failed" not in reference:
+            # the busier direction carries at least half of the link's bytes, at most at the measured rate
+            bound = reference["link_bytes"] / 2 / measured
+            results["rates"][rate]["ddp_seconds_at_least"] = bound
+            print(f"DDP here (not run): at least {bound:.0f} s for its {reference['link_bytes'] / 1e6:.1f} MB "
+                  f"over the link at {measured / 1e6:.2f} MB/s each way\n", flush=True)
     results["machine"] = f"{os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(f"bench time {time.time() - began:.0f} s; {results['machine']}; plots: {args.out}/lowcomm-<rate>.png")
