@@ -16,7 +16,7 @@ tensor finite, the model's keys, shapes and dtypes, the optimizer's groups and s
 anything is loaded into a model. A bad newest one beside a good previous one is renamed to
 ``<name>.bad.pt`` (kept to look at), so that the next ``write`` does not rotate it over the good one.
 
-A little over 300 lines: what is refused before writing and what is refused after reading are one
+What is refused before writing and what is refused after reading are one
 contract, kept in one file so that the two cannot drift apart.
 """
 

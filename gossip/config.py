@@ -6,8 +6,8 @@
 is changed here and nowhere else. Each field that is a flag is described once, by its help in
 ``launch/flags.py`` (``gossip-launch --help``); the comments here say only what that help does not.
 
-The module is longer than our usual 300 lines on purpose: each field's default sits beside the check
-that refuses a bad value of it, and splitting the checks off would put them a file away from the field.
+Each field's default sits beside the check that refuses a bad value of it, so that neither is a file
+away from the other.
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ torch logs every failed connection attempt and every timed-out ``wait`` with a C
 port is probed before connecting and keys are polled with ``check``: a rendezvous that goes well prints
 nothing, and one that fails ends in one line of ours.
 
-The module is longer than our usual 300 lines because the rendezvous is one sequence of store
-operations (agree, claim, sign, write once, read, check) whose order is the protocol; it reads best whole.
+The rendezvous is one sequence of store operations (agree, claim, sign, write once, read, check) whose
+order is the protocol; it reads best whole.
 """
 
 from __future__ import annotations

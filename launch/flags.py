@@ -4,8 +4,8 @@ Each ``Flag`` row is the only description of its option: its help text is what `
 its group's title. Defaults are not here: every flag's default and type come from the field of the same
 name in ``gossip.config`` (the single home of defaults), except the few flags no config field holds
 (``OWN_DEFAULTS``). A row's ``only`` names the one command that takes it; the others are both commands'.
-Within a group, rows run from the most to the least used. The module is a little over 300 lines because
-the table (about 150 of them, every option's help) must stay in one piece.
+Within a group, rows run from the most to the least used. The table stays in one piece so that every
+option's help is read in one place.
 """
 
 from __future__ import annotations

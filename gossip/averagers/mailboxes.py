@@ -1,7 +1,7 @@
 """The gossip modes' mailboxes. Memory stays bounded: a sync mailbox keeps at most one message per sender
 for a window of rounds (``RoundMailbox``), a push-sum one at most two masses per sender (``MassMailbox``,
 ``PushSumMailbox``), the latest-snapshot rule only the latest message per sender (``LatestMailbox``).
-The four stand together (a little over 300 lines) because each files the same "params" messages by its
+The four stand together because each files the same "params" messages by its
 own rule, and reading them side by side is how the rules are compared.
 """
 

@@ -6,8 +6,8 @@ them; ``update`` per applied batch with its version, workers and their staleness
 the worker's clock and its lead over the slowest worker; ``end`` with the staleness histogram) and leaves the
 final model as ``model-final.pt``. After every update the server checks its weights (``gossip/health.py``)
 and stops with ``Diverged`` once they hold NaN or Inf or have blown up, instead of serving them.
-The update rules themselves are in ``modes.py`` and ``core.py``; this loop (a little over 300 lines) is
-what they share: barriers, versions, replies, checkpoints and the plausibility checks on workers.
+The update rules themselves are in ``modes.py`` and ``core.py``; this loop is what they
+share: barriers, versions, replies, checkpoints and the plausibility checks on workers.
 """
 
 from __future__ import annotations

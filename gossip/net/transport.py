@@ -70,9 +70,9 @@ kernel: TCP itself sees no longer round-trip time.
 ``zmq.ZMQError`` is translated into ``PeerUnreachable`` here; a message the handler rejects
 (``ProtocolError``) is dropped, counted by reason and logged with the sender's name; it never propagates.
 
-The module is longer than our usual 300 lines because one class owns every socket of the process on one
-event loop (ZeroMQ sockets are not thread-safe); the inbound guard (``gossip/net/inbound.py``), the loop
-thread (``gossip/net/loop.py``) and the wiring (``gossip/connect.py``) are already apart.
+One class owns every socket of the process on one event loop (ZeroMQ sockets are not thread-safe); the
+inbound guard (``gossip/net/inbound.py``), the loop thread (``gossip/net/loop.py``) and the wiring
+(``gossip/connect.py``) are apart.
 """
 
 from __future__ import annotations
