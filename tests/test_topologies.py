@@ -101,10 +101,12 @@ def test_time_invariant_graphs_do_not_change(topology: Topology) -> None:
 def test_spectral_quantities(topology: Topology) -> None:
     for round in ROUNDS:
         slem, contraction = topology.slem(round), topology.contraction(round)
-        assert 0.0 <= slem <= 1.0
+        weights = topology.mixing_matrix(round)
+        # W doubly stochastic: W - J has W's spectrum with one eigenvalue 1 (of the vector of ones) made 0
+        centred = np.linalg.eigvals(weights - 1.0 / topology.world_size)
+        assert slem == pytest.approx(float(np.max(np.abs(centred))), abs=1e-9)
         assert contraction >= slem - TOL
         assert topology.spectral_gap(round) == pytest.approx(1.0 - slem)
-        weights = topology.mixing_matrix(round)
         if np.array_equal(weights, weights.T):
             assert contraction == pytest.approx(slem, abs=1e-9)
         if not topology.directed:
