@@ -85,10 +85,11 @@ class ErrorFeedback:
         """The frames of Q(x + r - P), every row; r becomes what they round away (P stays as it is)."""
         frames = []
         for public, residual, view in zip(self.public, self.residual, self.flat.views(), strict=True):
-            work, sent, scratch = (buffer[:public.numel()] for buffer in self.rows.buffers(public))
+            work, sent, scratch = self.rows.buffers(public)
+            work, sent = work[:public.numel()], sent[:public.numel()]
             torch.add(view, residual, out=work)
             sent.copy_(public)
-            frames += encode_difference_(self.codec, work, sent, self.rows.buffers(public)[2])  # sent: P + q
+            frames += encode_difference_(self.codec, work, sent, scratch)  # sent: P + q
             torch.sub(work, sent, out=residual)
         return frames
 
