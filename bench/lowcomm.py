@@ -20,7 +20,7 @@ each rate, one after the other:
 for every H of ``--h``. For each row: the final validation loss of the run's product (DDP: rank 0's model;
 ps-avg: the server's; gossip: the peers' averaged model, ``model-final.pt``), the bytes that left both ends
 of the limited link during the row, the run time, and the time from the first ``ready`` until the row's
-validation loss curve (the mean of the peers' latest evaluations; ps-avg: the server's) first reaches DDP's
+validation loss curve (the mean of the peers' latest evaluations) first reaches DDP's
 final loss at that rate. The link's byte counters are read every half second, so each evaluation is placed
 at the bytes sent by then: ``lowcomm-<rate>.png`` in ``--out`` plots validation loss against bytes over the
 link, one curve per row. Results: ``--out`` (default ``bench/results/lowcomm``), one directory per row and
@@ -117,12 +117,7 @@ def analyse(out: Path, peers: int, meter: LinkMeter) -> dict:
     loss and its run time."""
     events = [_events(out / f"peer-{rank}.jsonl") for rank in range(peers)]
     t0 = min(e["time"] for peer in events for e in peer if e["event"] == "ready")
-    server = out / "server.jsonl"
-    if server.exists():  # ps-avg: the server's model is the product
-        evals = [e for e in _events(server) if e["event"] == "eval"]
-        curve = [(e["time"] - t0, e["loss"]) for e in evals]
-    else:
-        curve = mean_eval_curve(events, t0, metric="loss")
+    curve = mean_eval_curve(events, t0, metric="loss")
     summary = out / "summary.json"
     if summary.exists():
         final = json.loads(summary.read_text())["loss"]
@@ -135,11 +130,10 @@ def analyse(out: Path, peers: int, meter: LinkMeter) -> dict:
 
 def run_row(hosts: netns.TwoHosts, out: Path, args: argparse.Namespace, mode: str,
             extra: tuple[str, ...] | None) -> Callable[[], None]:
+    """(Every row evaluates every ``--eval-every`` own steps: ps-avg's workers evaluate the model they
+    hold, the server by version, which in H-step versions would be H times as rare.)"""
     if extra is None:
         return lambda: run_ddp(hosts, out, args, args.per_host, TASK)
-    if mode == "ps-avg":  # the server evaluates by version (one per H steps): as often in steps as the others
-        h = int(extra[extra.index("--local-steps") + 1])
-        args = argparse.Namespace(**{**vars(args), "eval_every": max(1, args.eval_every // h)})
     return lambda: run_gossip(hosts, out, mode, args, args.per_host, TASK, extra)
 
 
