@@ -97,9 +97,11 @@ def test_with_a_slow_peer_the_asynchronous_modes_end_together(launch_run, mode):
     # nobody trains alone: the last peer to stop began its last step while another still trained
     last = max(ends, key=lambda e: e["trained_until"])
     assert last["last_step_began"] < max(e["trained_until"] for e in ends if e is not last), ends
-    # and no peer waited for the end longer than one of the slow peer's steps
+    # and no peer waited for the end much longer than one of the slow peer's steps: that step, plus the
+    # time the news of it takes to arrive (under a full suite's load once 0.100 s against a step of 0.086 s).
+    # Were each peer to stop on its own --steps, the fast ones would wait 30 of the slow one's steps.
     idle = last["trained_until"] - min(e["trained_until"] for e in ends)
-    assert idle < ends[5]["step_seconds"], (idle, ends[5]["step_seconds"])
+    assert idle < 2 * ends[5]["step_seconds"], (idle, ends[5]["step_seconds"])
 
 
 def test_without_rate_compensation_a_slow_peer_counts_by_its_rate(launch_run):
