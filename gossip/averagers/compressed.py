@@ -46,7 +46,7 @@ from gossip.compression import add_decoded_, encode_difference_, scratch_numel
 from gossip.config import GossipConfig
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
-from gossip.net.wire import CODEC_KINDS, encode
+from gossip.net.wire import CODEC_KINDS, encode, frames_per_row
 
 
 class CompressedGossip(SyncGossip):
@@ -57,7 +57,7 @@ class CompressedGossip(SyncGossip):
                  outer: tuple[str, float, float] | None = None) -> None:
         super().__init__(flat, config, topology, outer)  # (the config refused a directed or time-varying topology)
         self.codec = self.config.compress
-        self._frames_per_row = 2 if self.codec == "int8" else 1
+        self._frames_per_row = frames_per_row(self.codec)
         self.public = self._zeros()  # x^_i, per segment
         neighbours = self.topology.in_neighbors(self.rank, 0) if self.topology is not None else ()  # (None: alone)
         self.replicas = {j: self._zeros() for j in neighbours}  # x^_j

@@ -43,8 +43,8 @@ class QueueMailbox(Mailbox):
 
 class ReplyMailbox(Mailbox):
     """A parameter-server worker's: the newest weights the server sent (as "weights", as "end" when the run
-    is over, or in compressed ps-avg as the compressed change of its public weights), and whether it acknowledged a hello (it is alive and still has our contribution)
-    since we last looked."""
+    is over, or in compressed ps-avg as the compressed change of its public weights), and whether it
+    acknowledged a hello (it is alive and still has our contribution) since we last looked."""
 
     accepts = frozenset({"hello", "weights", "end"})
 

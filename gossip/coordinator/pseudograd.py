@@ -26,7 +26,7 @@ import torch
 
 from gossip.compression import add_decoded_, encode_difference_, scratch_numel
 from gossip.flat import FlatParams
-from gossip.net.wire import CODEC_KINDS
+from gossip.net.wire import CODEC_KINDS, frames_per_row
 
 
 def _wide(view: torch.Tensor) -> torch.Tensor:
@@ -34,7 +34,7 @@ def _wide(view: torch.Tensor) -> torch.Tensor:
 
 
 def _per_row(codec: str, frames: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    step = 2 if codec == "int8" else 1
+    step = frames_per_row(codec)
     return [frames[i:i + step] for i in range(0, len(frames), step)]
 
 
@@ -122,7 +122,8 @@ class Answers:
         held, self.holds[worker] = self.holds.get(worker), self.version
         if self.exact and not whole and self.previous is not None and held == self.previous:
             return self.kind, self.frames
-        return "weights", [public.to(view.dtype) for public, view in zip(self.rows.public, self.flat.views())]
+        # (a copy: the transport sends uncopied, and P moves at the next version)
+        return "weights", [public.to(view.dtype, copy=True) for public, view in zip(self.rows.public, self.flat.views())]
 
     def decode_contribution(self, frames: list[torch.Tensor]) -> list[torch.Tensor]:
         """W plus what a worker's ``frames`` (a whole contribution) decode to, one tensor per row of the

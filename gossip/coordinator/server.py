@@ -229,11 +229,13 @@ class ParameterServer:
         ending = self.core.take_ending()
         if not workers and not ending:
             return
-        snapshot, now = self.flat.snapshot(), time.monotonic()
+        now = time.monotonic()
         if self.answers is not None:
             self.answers.advance(self.core.version)
+        # one copy of the weights for those sent them as they are (compressed ps-avg: only "end")
+        snapshot = self.flat.snapshot() if ending or self.answers is None else []
         for kind, whom in (("weights", workers), ("end", ending)):
-            for worker in whom:  # one copy of the weights; each header names the step it answers
+            for worker in whom:  # each header names the step it answers
                 sent, payload = (kind, snapshot) if kind == "end" or self.answers is None else \
                     self.answers.answer(worker, whole)
                 clock = self.core.clocks[worker]

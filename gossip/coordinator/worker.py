@@ -29,22 +29,22 @@ class PSWorker(Averager):
 
     def __init__(self, flat: FlatParams, config: GossipConfig, coordinator: CoordinatorConfig) -> None:
         self.sends_gradients = config.mode not in SENDS_WEIGHTS
+        # ps-avg with --compress: our change since the server's public weights goes out compressed, and its
+        # answers come as the change of those (pseudograd.py)
+        self.codec = config.compress if config.compress != "none" and not self.sends_gradients else None
         self.interval = 1 if self.sends_gradients else coordinator.local_steps
         self.retries = coordinator.server_retries
         self.rejoins = 0
         self.version = 0  # the server version of the weights we hold
         self.ended = False  # the server answered "end": the run's budget of gradients is spent
         super().__init__(flat, config)
-        # ps-avg with --compress: our change since the server's public weights goes out compressed, and its
-        # answers come as the change of those (pseudograd.py)
-        self.feedback = ErrorFeedback(flat, config.compress) if config.compress != "none" and \
-            not self.sends_gradients else None
+        self.feedback = ErrorFeedback(flat, self.codec) if self.codec is not None else None
 
     def _make_mailbox(self) -> ReplyMailbox:
         mailbox = ReplyMailbox(self.rank, self.config.world_size + 1, self.flat.layout, self.config.server_rank)
-        if self.config.compress != "none" and self.config.mode in SENDS_WEIGHTS:  # its answers come compressed too
-            mailbox.layout = dataclasses.replace(mailbox.layout, codec=self.config.compress)
-            mailbox.accepts = mailbox.accepts | {CODEC_KINDS[self.config.compress]}
+        if self.codec is not None:
+            mailbox.layout = dataclasses.replace(mailbox.layout, codec=self.codec)
+            mailbox.accepts = mailbox.accepts | {CODEC_KINDS[self.codec]}
         return mailbox
 
     def _due(self) -> bool:
@@ -64,7 +64,7 @@ class PSWorker(Averager):
             if self.feedback is not None:
                 self.flat.copy_(chunks)  # (compressed: the garbage is what we encode the change of)
         if self.feedback is not None:
-            kind, chunks = CODEC_KINDS[self.config.compress], self.feedback.encode()
+            kind, chunks = self.feedback.kind, self.feedback.encode()
             if self.flat.device.type != "cpu":
                 chunks = [chunk.cpu() for chunk in chunks]
         header = params_header(kind, self.rank, self.flat.layout, self.flat.chunk_bytes, round=self.version,

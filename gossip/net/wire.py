@@ -53,6 +53,13 @@ MAX_REASON_CHARS = 240
 # decoded value exceeds 2^64 in magnitude (an honest difference of weights is nowhere near it; a replica
 # built from such values cannot overflow in any run the round bound allows).
 CODEC_KINDS = {"float16": "delta-f16", "int8": "delta-i8"}
+
+
+def frames_per_row(codec: str) -> int:
+    """Payload frames per row of the frame plan: int8 sends values and scales, the others one frame."""
+    return 2 if codec == "int8" else 1
+
+
 INT8_BLOCK = 256
 MAX_INT8_SCALE = 2.0 ** 64 / 127
 DTYPES: dict[str, torch.dtype] = {
@@ -174,7 +181,7 @@ def decode(frames: Sequence[Any], layout: Layout, world_size: int) -> Message:
             raise ProtocolError("frames", f"a {header.kind} message carries no payload, got {len(payload)} frames")
         return Message(header, [], 0)
     codec = _check_codec(header, layout)
-    per_row = 2 if codec == "int8" else 1
+    per_row = frames_per_row(codec)
     if len(payload) % per_row:
         raise ProtocolError("frames", f"{len(payload)} payload frames, not {per_row} per row of the frame plan")
     plan = _check_layout(header, layout, len(payload) // per_row)
