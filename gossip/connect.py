@@ -1,11 +1,15 @@
 """Building a process's transport from the run's configuration: the one place that decides which
 endpoints, CurveZMQ keys, emulated latencies, liveness callbacks and inbound limits a gossip peer, a
-parameter-server worker or the parameter server itself gets (``Averager`` and ``ParameterServer`` call it).
+parameter-server worker or the parameter server itself gets. ``connector`` is the ``connect`` argument
+(``gossip/link.py``) that ``Averager`` and ``ParameterServer`` call with their mailbox when given none.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 from gossip.config import GossipConfig
+from gossip.link import Connect
 from gossip.mailbox import Mailbox
 from gossip.net.security import CurveKeys, load_keys
 from gossip.net.transport import Transport, TransportConfig
@@ -17,6 +21,11 @@ from gossip.net.wire import DTYPES, MAX_CHUNK_BYTES, MAX_HEADER_BYTES, Layout
 # further ahead of a starved receiver is cut and reconnects, and over the Unix socket, which the guard
 # cannot count, its messages wait in libzmq
 RECV_QUEUE = 4
+
+
+def connector(config: GossipConfig, rank: int, layout: Layout, *, server: bool = False) -> Connect:
+    """``connect(mailbox)``: the ZeroMQ transport of ``rank`` (``build_transport``), delivering to ``mailbox``."""
+    return partial(build_transport, config, rank, layout, server=server)
 
 
 def build_transport(config: GossipConfig, rank: int, layout: Layout, mailbox: Mailbox, *,

@@ -1,4 +1,4 @@
-"""What every averager shares: counting steps, deciding when to mix, the transport and statistics.
+"""What every averager shares: counting steps, deciding when to mix, the link to the others and statistics.
 
 *When* to mix lives here; *how* to mix lives in each subclass's ``_gossip`` (the split of PyTorch's
 model-averaging package). ``step()`` is called by the training thread after each optimizer step, so
@@ -13,8 +13,12 @@ parameters only ever change between two steps, never inside a forward/backward p
   Waiting shifts the anchor, so peers that came up at different moments fall into phase after one round.
   A peer whose single step outlasts a round mixes after every step.
 
-Every peer measures its own pace (``SpeedMeter``: seconds per step, samples per second, busy seconds per
-round), sends it in every message header, and notes what its neighbours report.
+Every peer measures its own pace (``meter``, a ``SpeedMeter``: seconds per step, samples per second, busy
+seconds per round), sends it in every message header, and notes what its neighbours report.
+
+The network is whatever ``Link`` (``gossip/link.py``) the constructor's ``connect`` returns for the
+averager's mailbox: by default the ZeroMQ transport the run's configuration describes
+(``gossip/connect.py connector``); the unit tests pass an in-memory one.
 
 What gossip adds (neighbours, hellos, liveness, rejoining) is ``GossipAverager`` in ``neighbours.py``; the
 parameter-server worker builds on ``Averager`` directly.
@@ -31,10 +35,11 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from gossip.config import GossipConfig
-from gossip.connect import build_transport
+from gossip.connect import connector
 from gossip.errors import ConfigError, Diverged, GossipError, PeerFailed
 from gossip.flat import FlatParams
 from gossip.health import model_problem
+from gossip.link import Connect, Link
 from gossip.mailbox import Mailbox
 from gossip.metrics import SpeedMeter
 from gossip.naming import as_keywords
@@ -52,7 +57,8 @@ class Averager(ABC):
     keyword_errors = False  # errors name ``attach``'s keyword arguments instead of flags (``gossip/naming.py``)
     progress: SwarmProgress | None = None  # gossip-async: the swarm's steps as we know them (gossip/progress.py)
 
-    def __init__(self, flat: FlatParams, config: GossipConfig) -> None:
+    def __init__(self, flat: FlatParams, config: GossipConfig, connect: Connect | None = None) -> None:
+        """``connect(mailbox)``: the link to the others, delivering into our mailbox (default: ZeroMQ's)."""
         self.flat = flat
         self.config = config
         self.rank = config.rank
@@ -62,7 +68,7 @@ class Averager(ABC):
         self.samples = 0
         self._mixed_at = (0, 0)  # (local_step, samples) at the last mixing point
         self._anchor = self._round_began = time.monotonic()  # reset when start() returns
-        self.speed = SpeedMeter()
+        self.meter = SpeedMeter()  # our own pace
         self.wait_seconds = 0.0  # blocked on neighbours
         self._waited_at_tick = 0.0
         self.mix_seconds = 0.0
@@ -72,7 +78,7 @@ class Averager(ABC):
         if not config.parameter_server:  # (a server's version counts every worker's updates)
             self.mailbox.max_rounds, self.mailbox.max_steps = config.max_rounds, config.max_steps
             self.mailbox.max_weight = config.max_weight
-        self.transport = build_transport(config, self.rank, self.flat.layout, self.mailbox)
+        self.transport: Link = (connect or connector(config, self.rank, flat.layout))(self.mailbox)
         self._closed = False
         self.aborted = ""  # the reason we told the others the run stops for (``abort``)
 
@@ -161,11 +167,11 @@ class Averager(ABC):
         self.mailbox.local_step = self.local_step
         if self.progress is not None:
             self.progress.advance(self.local_step)
-        self.speed.tick(samples, waited=self.wait_seconds - self._waited_at_tick)
+        self.meter.tick(samples, waited=self.wait_seconds - self._waited_at_tick)
         self._waited_at_tick = self.wait_seconds
         if not self._due():
             return False
-        self.speed.round_done(time.monotonic() - self._round_began)
+        self.meter.round_done(time.monotonic() - self._round_began)
         if self.progress is not None:
             self.progress.note(time.monotonic())
         waited = self.wait_seconds
@@ -265,8 +271,8 @@ class Averager(ABC):
 
     def statistics(self) -> dict[str, Any]:
         return {"step": self.local_step, "rounds": self.rounds, "samples": self.samples, "max_rss_mb": max_rss_mb(),
-                "speed": self.speed.samples_per_second, "step_seconds": self.speed.step_seconds,
-                "round_busy_seconds": self.speed.round_seconds, "wait_seconds": self.wait_seconds,
+                "speed": self.meter.samples_per_second, "step_seconds": self.meter.step_seconds,
+                "round_busy_seconds": self.meter.round_seconds, "wait_seconds": self.wait_seconds,
                 "mix_seconds": self.mix_seconds, "neighbour_speeds": self._neighbour_speeds(),
                 **self.transport.statistics()}
 

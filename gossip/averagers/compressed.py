@@ -46,6 +46,7 @@ from gossip.compression import add_decoded_, encode_difference_, scratch_numel
 from gossip.config import GossipConfig
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
+from gossip.link import Connect
 from gossip.net.wire import CODEC_KINDS, encode, frames_per_row
 
 
@@ -54,8 +55,9 @@ class CompressedGossip(SyncGossip):
     takes_outer = False  # (its round sends compressed differences, with no outer step on them)
 
     def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None,
-                 outer: tuple[str, float, float] | None = None) -> None:
-        super().__init__(flat, config, topology, outer)  # (the config refused a directed or time-varying topology)
+                 outer: tuple[str, float, float] | None = None, connect: Connect | None = None) -> None:
+        # (the config refused a directed or time-varying topology)
+        super().__init__(flat, config, topology, outer, connect)
         self.codec = self.config.compress
         self._frames_per_row = frames_per_row(self.codec)
         self.public = self._zeros()  # x^_i, per segment

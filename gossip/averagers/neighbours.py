@@ -22,6 +22,7 @@ from gossip.averagers.outer import OuterStep
 from gossip.config import GossipConfig
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
+from gossip.link import Connect
 from gossip.net.transport import Delivery
 from gossip.net.wire import Header, encode, params_header
 from gossip.progress import SwarmProgress
@@ -34,13 +35,13 @@ class GossipAverager(Averager):
     """An averager that exchanges with the neighbours ``topology`` gives it, round by round."""
 
     def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None,
-                 outer: tuple[str, float, float] | None = None) -> None:
+                 outer: tuple[str, float, float] | None = None, connect: Connect | None = None) -> None:
         """``outer``: (optimizer, lr, momentum) of the outer step each mixing point ends with (``outer.py``,
-        ``gossip.api.gossip_outer``); None: plain gossip."""
+        ``gossip.api.gossip_outer``); None: plain gossip. ``connect``: as ``Averager``'s."""
         self.topology = topology  # None for a peer alone; set before the mailbox, which asks for neighbours
         self.dead: set[int] = set()  # neighbours declared dead and not back
         self.deaths = self.readmitted = 0  # neighbours declared dead / re-admitted after a restart
-        super().__init__(flat, config)
+        super().__init__(flat, config, connect)
         self.outer = OuterStep(flat, *outer) if outer is not None else None
         if self.outer is not None and not (self.takes_outer and config.deadline == "fixed"
                                            and config.weight_by == "none"):
@@ -69,7 +70,7 @@ class GossipAverager(Averager):
     def done(self, steps: int) -> bool:
         if self.progress is None:
             return super().done(steps)
-        return self.progress.spent(steps, within=self.speed.step_seconds) or self._past_horizon()
+        return self.progress.spent(steps, within=self.meter.step_seconds) or self._past_horizon()
 
     def schedule_step(self) -> int:
         return self.local_step if self.progress is None else self.progress.mean_step()
@@ -197,8 +198,8 @@ class GossipAverager(Averager):
     def _payload_header(self, kind: str, round: int, weight: float) -> Header:
         """The header of a message of ours with a payload: our counters, pace and layout."""
         return params_header(kind, self.rank, self.flat.layout, self.flat.chunk_bytes, round=round,
-                             step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second,
-                             step_seconds=self.speed.step_seconds, weight=weight,
+                             step=self.local_step, samples=self.samples, speed=self.meter.samples_per_second,
+                             step_seconds=self.meter.step_seconds, weight=weight,
                              progress=self.progress.vector() if self.progress is not None else ())
 
     def _live_out_neighbours(self, round: int) -> list[int]:

@@ -278,7 +278,7 @@ class SyncGossip(GossipAverager):
         start = self._wait_started[round] = time.monotonic()
         self._note_arrivals(round)
         # s/step times steps per round, as peers report theirs; this is mixing point mixing_points + 1
-        own_pace = self.speed.step_seconds * self.local_step / (self.mixing_points + 1)
+        own_pace = self.meter.step_seconds * self.local_step / (self.mixing_points + 1)
         deadlines = {j: start + self.deadlines.deadline(j, self.config.round_timeout, own_pace,
                                                         self.mailbox.reported_pace(j)) for j in senders}
         missed = self.mailbox.wait_for(round, deadlines)

@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 from gossip import checkpoint
+from gossip.checkpointer import Checkpointer
 from gossip.config import RunConfig, robust_rules
-from gossip.connect import build_transport
+from gossip.connect import connector
 from gossip.coordinator.averaging import ParameterAverage
 from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.mailboxes import QueueMailbox
@@ -30,9 +31,10 @@ from gossip.coordinator.modes import ASYNCHRONOUS, SENDS_WEIGHTS, build_core, ou
 from gossip.coordinator.pseudograd import Answers
 from gossip.coordinator.rates import ArrivalRates
 from gossip.device import cpu_state
-from gossip.errors import CheckpointError, Diverged, GossipError, PeerTimeout, Stopped, TransportError
+from gossip.errors import Diverged, GossipError, PeerTimeout, Stopped, TransportError
 from gossip.flat import FlatParams
 from gossip.health import model_problem
+from gossip.link import Connect
 from gossip.metrics import EventLog
 from gossip.net.wire import CODEC_KINDS, Header, Message, encode, params_header
 from gossip.optim import run_schedule
@@ -43,7 +45,8 @@ log = logging.getLogger("gossip.server")
 
 
 class ParameterServer:
-    def __init__(self, cfg: RunConfig, out: Path, events: EventLog) -> None:
+    def __init__(self, cfg: RunConfig, out: Path, events: EventLog, connect: Connect | None = None) -> None:
+        """``connect(mailbox)``: the link to the workers (``gossip/link.py``; default: ZeroMQ's)."""
         self.cfg = cfg
         self.out = out
         self.config = cfg.gossip
@@ -72,13 +75,16 @@ class ParameterServer:
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
                                     contribution=contribution)
         self.mailbox.max_steps, self.mailbox.max_weight = self.config.max_steps, 1.0  # workers send weight 1
-        self.transport = build_transport(self.config, self.rank, self.flat.layout, self.mailbox, server=True)
+        self.transport = (connect or connector(self.config, self.rank, self.flat.layout, server=True))(self.mailbox)
         self.joined: set[int] = set()
         self.finished: set[int] = set()  # said bye
         self.started = time.monotonic()
         self.last_heard: dict[int, float] = {}  # worker -> its last message, or our last answer to it
         self.dropped: Counter[str] = Counter()  # implausible contributions (the transport counts the rest)
         self.answers: Answers | None = None  # compressed ps-avg: our public weights (made once serving)
+        # a server has no neighbours to take a model from: without a usable checkpoint it cannot resume
+        self.checkpoints = Checkpointer(out / "checkpoint-server.pt", "server", "version", self.CHECKPOINT_COUNTERS,
+                                        events, log, cfg.checkpoint_every, title="the parameter server")
 
     def _compensates(self, optimizer: str) -> bool:
         """Rate compensation applies, and the server steps ``optimizer``: an asynchronous gradient mode."""
@@ -159,7 +165,7 @@ class ParameterServer:
             if self.cfg.eval_every and applied.version % self.cfg.eval_every == 0:
                 self.events.write("eval", version=applied.version, contributions=self.core.contributed,
                                   **self.task.evaluate())
-            if self.cfg.checkpoint_every and applied.version % self.cfg.checkpoint_every == 0:
+            if self.checkpoints.due(applied.version):
                 self.save_checkpoint()
         self.core.applied = []
 
@@ -268,25 +274,11 @@ class ParameterServer:
                            "core.clocks": checkpoint.COUNTS, "core.active": checkpoint.COUNTS,
                            "core.staleness": checkpoint.COUNT_MAP}
 
-    def checkpoint_path(self) -> Path:
-        return self.out / "checkpoint-server.pt"
-
     def save_checkpoint(self) -> None:
         """The weights and the core's state, atomically, the previous checkpoint kept as ``.prev.pt``; a
         state with NaN or Inf or a bad counter is not written (one warning, a ``checkpoint-skipped`` event)."""
         state = {"model": cpu_state(self.task.model), "core": self.core.state_dict(), "joined": sorted(self.joined)}
-        reason = checkpoint.refusal(state, self.CHECKPOINT_COUNTERS)
-        if reason is not None:
-            log.warning("server: checkpoint of version %d not written: %s; the previous one is kept",
-                        self.core.version, reason)
-            self.events.write("checkpoint-skipped", version=self.core.version, file=str(self.checkpoint_path()),
-                              reason=reason)
-            return
-        try:
-            checkpoint.write(state, self.checkpoint_path())
-        except CheckpointError as exc:  # training goes on; the previous checkpoint stays valid
-            log.warning("server: %s", exc)
-            self.events.write("checkpoint-failed", message=str(exc))
+        self.checkpoints.save(state, self.core.version)
 
     def validate_checkpoint(self, state: object, path: Path) -> None:
         """``CheckpointError`` (one line: the file and what is wrong) unless ``state``, read from ``path``,
@@ -330,22 +322,14 @@ class ParameterServer:
         checked before anything is loaded), if there is one; workers re-join and get its weights. With
         checkpoints and none usable, fail in one line naming each file and what is wrong: a server has no
         neighbours to take a model from."""
-        state, used, rejected = checkpoint.restore(self.checkpoint_path(), self.validate_checkpoint)
-        if state is None and rejected:
-            raise CheckpointError(f"the parameter server cannot resume: {'; '.join(rejected)}")
-        for reason in rejected:
-            log.warning("server: %s", reason)
-            self.events.write("checkpoint-rejected", message=reason)
-        if state is None:
-            self.events.write("resume", found=False)
-            return
-        try:
-            self.task.model.load_state_dict(state["model"])
-            self.core.load_state_dict(state["core"])
-        except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # past the checks: still one line
-            raise CheckpointError(f"checkpoint {used} does not load: {str(exc).strip().splitlines()[0]}") from exc
+        self.checkpoints.resume(self.validate_checkpoint, self._load_checkpoint)
+
+    def _load_checkpoint(self, state: dict) -> dict:
+        """Put a checked checkpoint's weights, core and workers in place; what the ``resume`` event says."""
+        self.task.model.load_state_dict(state["model"])
+        self.core.load_state_dict(state["core"])
         self.joined = set(state["joined"])
-        self.events.write("resume", found=True, file=str(used), rejected=len(rejected), version=self.core.version)
+        return {"version": self.core.version}
 
     def close(self, finish: bool) -> None:
         self.transport.close(flush_timeout=self.config.shutdown_timeout if finish else 0.0)

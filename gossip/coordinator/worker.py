@@ -17,6 +17,7 @@ from gossip.coordinator.modes import SENDS_WEIGHTS
 from gossip.coordinator.pseudograd import ErrorFeedback
 from gossip.errors import PeerTimeout
 from gossip.flat import FlatParams
+from gossip.link import Connect
 from gossip.net.wire import CODEC_KINDS, Header, Message, encode, params_header
 
 log = logging.getLogger("gossip.worker")
@@ -27,7 +28,8 @@ class PSWorker(Averager):
     applies the update. In ps-avg the worker's own optimizer steps and ``step()`` averages every
     ``local_steps`` steps."""
 
-    def __init__(self, flat: FlatParams, config: GossipConfig, coordinator: CoordinatorConfig) -> None:
+    def __init__(self, flat: FlatParams, config: GossipConfig, coordinator: CoordinatorConfig,
+                 connect: Connect | None = None) -> None:
         self.sends_gradients = config.mode not in SENDS_WEIGHTS
         # ps-avg with --compress: our change since the server's public weights goes out compressed, and its
         # answers come as the change of those (pseudograd.py)
@@ -37,7 +39,7 @@ class PSWorker(Averager):
         self.rejoins = 0
         self.version = 0  # the server version of the weights we hold
         self.ended = False  # the server answered "end": the run's budget of gradients is spent
-        super().__init__(flat, config)
+        super().__init__(flat, config, connect)
         self.feedback = ErrorFeedback(flat, self.codec) if self.codec is not None else None
 
     def _make_mailbox(self) -> ReplyMailbox:
@@ -68,7 +70,7 @@ class PSWorker(Averager):
             if self.flat.device.type != "cpu":
                 chunks = [chunk.cpu() for chunk in chunks]
         header = params_header(kind, self.rank, self.flat.layout, self.flat.chunk_bytes, round=self.version,
-                               step=self.local_step, samples=self.samples, speed=self.speed.samples_per_second)
+                               step=self.local_step, samples=self.samples, speed=self.meter.samples_per_second)
         self.mailbox.expect(self.local_step)
         self.transport.post([self.config.server_rank], encode(header, chunks), latest_only=False,
                             timeout=self.config.send_timeout)
