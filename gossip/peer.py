@@ -33,9 +33,10 @@ import torch
 from gossip import checkpoint
 from gossip.api import gossip_outer, open_averager
 from gossip.averagers import Averager
+from gossip.checkpointer import Checkpointer
 from gossip.config import RunConfig
 from gossip.device import cpu_state, resolve_device
-from gossip.errors import CheckpointError, ConfigError, Diverged, GossipError, Stopped
+from gossip.errors import ConfigError, Diverged, GossipError, Stopped
 from gossip.exit import exit_now
 from gossip.flat import FlatParams
 from gossip.metrics import EventLog, finite_or_none
@@ -100,28 +101,33 @@ COUNTERS = {"counters.step": checkpoint.COUNT, "counters.rounds": checkpoint.COU
             "counters.samples": checkpoint.COUNT, "counters.weight": checkpoint.POSITIVE}
 
 
-def save_checkpoint(out: Path, task: Task, averager: Averager, events: EventLog) -> None:
-    """Model, optimizer state and the averager's counters, atomically, the previous checkpoint kept as
-    ``.prev.pt`` (``gossip/checkpoint.py``). A state with NaN or Inf, or a bad counter, is not written:
-    one warning and a ``checkpoint-skipped`` event, and training goes on (a model that went non-finite is
-    the run's health check's to fail)."""
+def checkpointer(out: Path, rank: int, events: EventLog, every: int = 0) -> Checkpointer:
+    """Peer ``rank``'s checkpoint file, saved every ``every`` steps; without a usable one on ``--resume``
+    the peer pulls its neighbours' models instead, as without one."""
+    return Checkpointer(checkpoint_path(out, rank), f"peer {rank}", "step", COUNTERS, events, log, every,
+                        fallback="resuming with the neighbours' mean model")
+
+
+def checkpoint_state(task: Task, averager: Averager) -> dict:
+    """What a peer's checkpoint holds: model, optimizer state and the averager's counters (and its outer
+    step's state)."""
     kept = averager.state_dict()
-    state = {"model": cpu_state(task.model),
-             "optimizer": task.optimizer.state_dict() if task.optimizer is not None else None,
-             "counters": {k: v for k, v in kept.items() if k not in ("found", "outer")},
-             **({"outer": kept["outer"]} if "outer" in kept else {})}
-    path = checkpoint_path(out, averager.rank)
-    reason = checkpoint.refusal(state, COUNTERS)
-    if reason is not None:
-        log.warning("peer %d: checkpoint of step %d not written: %s; the previous one is kept", averager.rank,
-                    averager.local_step, reason)
-        events.write("checkpoint-skipped", step=averager.local_step, file=str(path), reason=reason)
-        return
-    try:
-        checkpoint.write(state, path)
-    except CheckpointError as exc:  # training goes on; the previous checkpoint stays valid
-        log.warning("peer %d: %s", averager.rank, exc)
-        events.write("checkpoint-failed", message=str(exc))
+    return {"model": cpu_state(task.model),
+            "optimizer": task.optimizer.state_dict() if task.optimizer is not None else None,
+            "counters": {k: v for k, v in kept.items() if k not in ("found", "outer")},
+            **({"outer": kept["outer"]} if "outer" in kept else {})}
+
+
+def save_checkpoint(out: Path, task: Task, averager: Averager, events: EventLog) -> None:
+    """``checkpoint_state`` atomically, the previous checkpoint kept as ``.prev.pt`` (``gossip/checkpoint.py``).
+    A state with NaN or Inf, or a bad counter, is not written: one warning and a ``checkpoint-skipped``
+    event, and training goes on (a model that went non-finite is the run's health check's to fail)."""
+    checkpointer(out, averager.rank, events).save(checkpoint_state(task, averager), averager.local_step)
+
+
+def resumed_counters(state: dict) -> dict:
+    """The counters of a checkpoint that ``open_averager(resume=...)`` takes."""
+    return {key: state["counters"][key] for key in ("step", "rounds", "samples", "weight")}
 
 
 def validate_checkpoint(state: object, path: Path, task: Task, bounds: dict[str, float] | None = None,
@@ -142,27 +148,19 @@ def load_checkpoint(out: Path, rank: int, task: Task, events: EventLog, bounds: 
     ``open_averager(resume=...)``. ``bounds``: the largest counters this run allows (dotted key -> limit, 0:
     none). Each file that does not read or fit gives one warning and a ``checkpoint-rejected`` event; with
     no usable checkpoint the peer pulls its neighbours' models instead, as without one."""
-    state, used, rejected = checkpoint.restore(checkpoint_path(out, rank),
-                                               lambda state, path: validate_checkpoint(state, path, task, bounds,
-                                                                                       outer))
-    for reason in rejected:
-        log.warning("peer %d: %s", rank, reason)
-        events.write("checkpoint-rejected", message=reason)
-    if state is None:
-        if rejected:
-            log.warning("peer %d: no usable checkpoint; resuming with the neighbours' mean model", rank)
-        events.write("resume", found=False, rejected=len(rejected))
-        return {"found": False}
-    try:
+
+    def load(state: dict) -> dict:
         task.model.load_state_dict(state["model"])
         if task.optimizer is not None and state["optimizer"] is not None:
             task.optimizer.load_state_dict(state["optimizer"])
-    except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # past the checks: still one line
-        raise CheckpointError(f"checkpoint {used} does not load: {str(exc).strip().splitlines()[0]}") from exc
-    counters = {key: state["counters"][key] for key in ("step", "rounds", "samples", "weight")}
-    steps = {"outer_steps": int(state["outer"].get("steps", 0))} if outer else {}
-    events.write("resume", found=True, file=str(used), rejected=len(rejected), **counters, **steps)
-    return {**counters, "found": True, **({"outer": state["outer"]} if outer else {})}
+        steps = {"outer_steps": int(state["outer"].get("steps", 0))} if outer else {}
+        return {**resumed_counters(state), **steps}
+
+    state = checkpointer(out, rank, events).resume(
+        lambda state, path: validate_checkpoint(state, path, task, bounds, outer), load)
+    if state is None:
+        return {"found": False}
+    return {**resumed_counters(state), "found": True, **({"outer": state["outer"]} if outer else {})}
 
 
 def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool = False) -> None:
@@ -213,6 +211,7 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
     by_time = cfg.gossip.schedule == "time"
     schedule = run_schedule(cfg)  # by our own step
     step = averager.local_step  # 0, or where a restarted peer rejoined
+    keeper = checkpointer(out, averager.rank, events, cfg.checkpoint_every)
     last_step_began = None
     while (averager.mixing_points < cfg.rounds) if by_time else not averager.done(cfg.steps):
         raise_if_signalled()
@@ -247,8 +246,8 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
                          **{key: stats[key] for key in STEP_EXTRAS if key in stats})
         if task.trains and cfg.eval_every and step % cfg.eval_every == 0:
             events.write("eval", step=step, round=averager.rounds, **task.evaluate())
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            save_checkpoint(out, task, averager, events)
+        if keeper.due(step):
+            keeper.save(checkpoint_state(task, averager), averager.local_step)
     return last_step_began, time.time()
 
 

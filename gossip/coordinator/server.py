@@ -42,6 +42,11 @@ from gossip.signals import raise_if_signalled
 from gossip.tasks import build_task, context_for
 
 log = logging.getLogger("gossip.server")
+# The counters of the server's checkpoint (``gossip/checkpoint.py`` kinds)
+CHECKPOINT_COUNTERS = {"joined": checkpoint.COUNTS, "core.contributed": checkpoint.COUNT,
+                       "core.version": checkpoint.COUNT, "core.updates": checkpoint.COUNT,
+                       "core.clocks": checkpoint.COUNTS, "core.active": checkpoint.COUNTS,
+                       "core.staleness": checkpoint.COUNT_MAP}
 
 
 class ParameterServer:
@@ -83,7 +88,7 @@ class ParameterServer:
         self.dropped: Counter[str] = Counter()  # implausible contributions (the transport counts the rest)
         self.answers: Answers | None = None  # compressed ps-avg: our public weights (made once serving)
         # a server has no neighbours to take a model from: without a usable checkpoint it cannot resume
-        self.checkpoints = Checkpointer(out / "checkpoint-server.pt", "server", "version", self.CHECKPOINT_COUNTERS,
+        self.checkpoints = Checkpointer(out / "checkpoint-server.pt", "server", "version", CHECKPOINT_COUNTERS,
                                         events, log, cfg.checkpoint_every, title="the parameter server")
 
     def _compensates(self, optimizer: str) -> bool:
@@ -268,12 +273,6 @@ class ParameterServer:
     def _waiting_on(self) -> list[int]:
         return sorted(self.core.active - {c.worker for c in self.core.pending} - self.core.held)
 
-    # The counters of the server's checkpoint (``gossip/checkpoint.py`` kinds)
-    CHECKPOINT_COUNTERS = {"joined": checkpoint.COUNTS, "core.contributed": checkpoint.COUNT,
-                           "core.version": checkpoint.COUNT, "core.updates": checkpoint.COUNT,
-                           "core.clocks": checkpoint.COUNTS, "core.active": checkpoint.COUNTS,
-                           "core.staleness": checkpoint.COUNT_MAP}
-
     def save_checkpoint(self) -> None:
         """The weights and the core's state, atomically, the previous checkpoint kept as ``.prev.pt``; a
         state with NaN or Inf or a bad counter is not written (one warning, a ``checkpoint-skipped`` event)."""
@@ -291,7 +290,7 @@ class ParameterServer:
         update = self.core.update
         optimizer = getattr(update, "optimizer", None)
         problem = checkpoint.fit_problem(
-            state, keys=("model", "core", "joined"), counters=self.CHECKPOINT_COUNTERS,
+            state, keys=("model", "core", "joined"), counters=CHECKPOINT_COUNTERS,
             model=self.task.model.state_dict(), optimizers={"core.update.optimizer": optimizer} if optimizer else {})
         if problem is not None:
             return problem
