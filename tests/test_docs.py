@@ -4,8 +4,11 @@ a five-minute read. Pure: nothing here starts a process."""
 
 from __future__ import annotations
 
+import ast
+import os
 import re
 import shlex
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -356,3 +359,219 @@ def test_the_readme_keeps_the_set_up_commands_ci_runs():
     assert ("python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints.txt -e \".[test]\" && "
             "python -m pytest") in lines
     assert '`python -m pytest -m "not slow"`' in text_of(README)
+
+
+# ----- names in backticks ---------------------------------------------------------------------------------
+
+CODE_DIRS = ("gossip", "launch", "topologies", "bench", "tests", "examples")
+NOT_THE_REPOSITORY = {".git", ".venv", ".venv-ci", ".whl", ".hypothesis", ".pytest_cache", ".ruff_cache",
+                      "__pycache__", "runs"}
+EXTENSION = re.compile(r"\.(py|md|json|jsonl|txt|pt|npz|log|png|toml|sh|cfg|yaml|csv)$")
+PATH = re.compile(r"[a-z_.][\w.<>-]*(/[\w.<>-]+)*/?")
+IDENTIFIER = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+CALL = re.compile(r"([A-Za-z_][\w.]*)\((.*)\)", re.DOTALL)
+KEYWORD = re.compile(r"([A-Za-z_]\w*)=(.+)", re.DOTALL)
+# Named in backticks, but not files of this repository: the NoLoCo authors' optimizer (jkolehm/noloco).
+ELSEWHERE = {"sparse_optimizer_c.py"}
+
+
+@dataclass
+class Code:
+    """What the Python files under CODE_DIRS define and use, read with ``ast`` (nothing is imported)."""
+
+    names: set[str] = field(default_factory=set)  # defined, assigned, imported, used as attribute or keyword
+    strings: list[str] = field(default_factory=list)  # string constants; an f-string with {} for its values
+    classes: dict[str, list[tuple[set[str], list[str]]]] = field(default_factory=dict)  # (members, bases)
+    defined: dict[str, set[str]] = field(default_factory=dict)  # file -> what it defines (at any depth)
+    files: set[str] = field(default_factory=set)  # every file and folder of the repository
+
+
+def target_names(node: ast.AST) -> list[str]:
+    """The names a definition or assignment ``node`` binds (``self.x = ...`` binds x)."""
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [node.name]
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+        if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+    found = []
+    for target in targets:
+        for part in ast.walk(target):
+            if isinstance(part, ast.Name):
+                found.append(part.id)
+            elif isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name) and part.value.id == "self":
+                found.append(part.attr)
+    return found
+
+
+@cache
+def code() -> Code:
+    found = Code()
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in NOT_THE_REPOSITORY and not d.endswith(".egg-info")]
+        here = Path(folder).relative_to(ROOT)
+        found.files |= {str(here / name) for name in dirs + files} - {"."}
+    this = str(Path(__file__).relative_to(ROOT))  # (whose strings name what does not exist, on purpose)
+    for rel in sorted(f for f in found.files if f.endswith(".py") and f.split("/")[0] in CODE_DIRS and f != this):
+        tree = ast.parse((ROOT / rel).read_text(), rel)
+        defined = found.defined.setdefault(rel, set())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            bound = target_names(node)
+            defined.update(bound)
+            found.names.update(bound)
+            if isinstance(node, ast.ClassDef):
+                members = {name for part in node.body for name in target_names(part)}
+                members |= {name for part in ast.walk(node) for name in target_names(part)
+                            if isinstance(part, (ast.Assign, ast.AnnAssign, ast.AugAssign))}
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                found.classes.setdefault(node.name, []).append((members, bases))
+            elif isinstance(node, ast.arg) or isinstance(node, ast.keyword) and node.arg:
+                found.names.add(node.arg)
+            elif isinstance(node, ast.Attribute):
+                found.names.add(node.attr)
+            elif isinstance(node, ast.alias):  # a module re-exports what it imports
+                found.names.update(node.name.split("."))
+                defined.add(node.asname or node.name.split(".")[-1])
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                found.strings.append(node.value)
+                if " " not in node.value:  # a name, a key, a path: "/proc/sys/net/core/wmem_max" names wmem_max
+                    found.names.update(re.split(r"[/:=]", node.value))
+            elif isinstance(node, ast.JoinedStr):
+                found.strings.append("".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values))
+        found.names.add(Path(rel).stem)
+    return found
+
+
+def members(cls: str, seen: frozenset = frozenset()) -> set[str]:
+    """Every member of our classes named ``cls``: methods, class attributes, ``self.x``, and those of their
+    bases that are classes of ours."""
+    found: set[str] = set()
+    for own, bases in code().classes.get(cls, []):
+        found |= own
+        for base in bases:
+            if base in code().classes and base not in seen:
+                found |= members(base, seen | {cls})
+    return found
+
+
+def find_path(token: str) -> list[str] | None:
+    """The repository's files or folders ``token`` names, whole or by their last parts (``averagers/base.py``),
+    ``<name>`` standing for any part; else [] for a file the code writes (its name is in a string of the
+    code); else None."""
+    written = ".+".join(map(re.escape, re.split(r"<[^>]*>", token.rstrip("/"))))
+    if files := [f for f in sorted(code().files) if re.fullmatch(f"(.*/)?{written}", f)]:
+        return files
+    return [] if any(re.search(written, s) for s in code().strings) else None
+
+
+def module_file(dotted: str) -> str | None:
+    file = ROOT / dotted.replace(".", "/")
+    if file.with_suffix(".py").is_file():
+        return str(file.with_suffix(".py").relative_to(ROOT))
+    if (file / "__init__.py").is_file():
+        return str((file / "__init__.py").relative_to(ROOT))
+    return None
+
+
+def defined_in(rel: str, name: str) -> bool:
+    """Is ``name`` (``Class.member`` allowed) defined in file or folder ``rel``? A package's ``__init__``
+    that exports lazily names its exports as strings."""
+    first, *rest = name.split(".")
+    files = [f for f in code().defined if f == rel or f.startswith(rel.rstrip("/") + "/")]
+    here = any(first in code().defined[f] for f in files)
+    if not here and rel.endswith("__init__.py"):
+        here = f'"{first}"' in (ROOT / rel).read_text()
+    return here and all(part in members(first) or part in code().names for part in rest)
+
+
+def missing_name(name: str) -> str | None:
+    """Why the dotted or plain identifier ``name`` is not in the code, or None when it is."""
+    parts = name.split(".")
+    if parts[0] in CODE_DIRS:
+        for cut in range(len(parts), 0, -1):
+            if rel := module_file(".".join(parts[:cut])):
+                rest = ".".join(parts[cut:])
+                return None if not rest or defined_in(rel, rest) else f"{rest} is not defined in {rel}"
+        return f"no module {name}"
+    if parts[0] in code().classes:
+        absent = [part for part in parts[1:] if part not in members(parts[0]) and part not in code().names]
+        if parts[1:2] and parts[1] not in members(parts[0]):
+            absent = absent or [parts[1]]
+        return f"class {parts[0]} has no {absent[0]}" if absent else None
+    absent = [part for part in parts if part not in code().names]
+    return f"{absent[0]} is not in the code" if absent else None
+
+
+def looks_like_code(name: str) -> bool:
+    """A plain word may be a value or prose (``ring``, ``mean``); a name with an upper-case letter first, an
+    underscore or a dot is code."""
+    return name[0].isupper() or "_" in name or "." in name
+
+
+def missing(span: str) -> list[str]:
+    """What the backticked ``span`` names that does not exist. A path must exist (or be written by the code);
+    "path name ..." names what that file defines; a code-like identifier, a call ``name(...)`` or a keyword
+    ``name=value`` must be in the code; a command's repository paths and ``-m`` modules must exist. Flags
+    (``--x``) are checked by the flag tests above; math, values and prose are not names."""
+    span = " ".join(span.split())
+    words = span.split(" ")
+    if span.startswith(("-", ".")) or "://" in span:
+        return []
+    if span.startswith('"') and span.endswith('"'):
+        return [] if any(span[1:-1] in s for s in code().strings) else [f"no string {span} in the code"]
+    first = words[0]
+    if PATH.fullmatch(first) and ("/" in first or EXTENSION.search(first)):
+        if first in ELSEWHERE:
+            return []
+        if (files := find_path(first)) is None:
+            return [f"no file {first}"]
+        names = [w for w in re.split(r"[\s,]+|->", " ".join(words[1:])) if IDENTIFIER.fullmatch(w)]
+        return [f"{name} is not defined in {' or '.join(files)}" for name in names
+                if not any(defined_in(rel, name) for rel in files)]
+    if call := CALL.fullmatch(span):
+        return [problem] if (problem := missing_name(call.group(1))) else []
+    if keyword := KEYWORD.fullmatch(span):
+        value = keyword.group(2)
+        return [p for p in (missing_name(keyword.group(1)), *(missing(value) if CALL.fullmatch(value) else []))
+                if p]
+    if len(words) > 1:  # a command or a formula: its repository paths and modules
+        found = [f"no file {w}" for w in words if "/" in w and PATH.fullmatch(w) and w.split("/")[0] in
+                 {f.split("/")[0] for f in code().files} and find_path(w) is None]
+        modules = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-m" and words[i + 1].split(".")[0]
+                   in CODE_DIRS]
+        return found + [f"no module {m}" for m in modules if not module_file(m)]
+    name = span.removesuffix("()")
+    if IDENTIFIER.fullmatch(name) and (looks_like_code(name) or name != span):
+        return [problem] if (problem := missing_name(name)) else []
+    return []
+
+
+def backticked(path: Path) -> list[tuple[int, str]]:
+    """(line, span) for every inline code span of ``path``'s prose (code blocks are commands, checked above)."""
+    text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text_of(path))
+    lines, block, blank = [], False, True
+    for line in text.splitlines():
+        block = line.startswith("    ") and (block or blank)
+        lines.append("" if block else line)
+        blank = not line.strip()
+    prose = "\n".join(lines)
+    return [(prose.count("\n", 0, m.start()) + 1, m.group(1)) for m in re.finditer(r"`([^`]+)`", prose)]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_every_path_and_name_the_docs_show_in_backticks_exists(path):
+    problems = [f"{path.relative_to(ROOT)}:{line}: `{' '.join(span.split())}`: {problem}"
+                for line, span in backticked(path) for problem in missing(span)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_name_check_knows_a_real_name_from_a_stale_one():
+    assert not missing("gossip/peer.py main") and not missing("Transport") and not missing("gossip.errors.ConfigError")
+    assert not missing("peer-<rank>.jsonl") and not missing("averagers/base.py") and not missing("close()")
+    assert not missing("python bench/modes.py") and not missing("lazy_snapshot=False") and not missing("ring")
+    assert missing("gossip/peer.py no_such_function") == ["no_such_function is not defined in gossip/peer.py"]
+    assert missing("gossip/no_such_file.py") == ["no file gossip/no_such_file.py"]
+    assert missing("FlatParams.no_such_method") == ["class FlatParams has no no_such_method"]
+    assert missing("NoSuchClass") and missing("no_such_helper()") and missing("python bench/no_such.py")
+    assert missing("gossip.errors.NoSuchError") and missing("python -m launch.no_such")
