@@ -33,7 +33,7 @@ Every input counts once, whatever push-sum weight its header claims: a weight is
 network, and a message claiming weight 0 is an input like any other. gossip-sync counts every message of
 the round; gossip-async waits until it holds 3 inputs as long as 2 or more in-neighbours are alive, so
 that a race or a slow neighbour never leaves one snapshot to be trusted alone
-(``gossip/averagers/asynchronous.py``).
+(``gossip/averagers/latest.py``).
 
 The result is clamped to the range of the values kept, so rounding can never leave it (and n equal
 values give exactly that value). With b garbage inputs and trim >= b, every kept value lies between two

@@ -1,9 +1,9 @@
-"""Pure mixing math: which coefficient each contribution gets. No sockets, no tensors.
+"""The staleness weights of gossip-async's "latest" rule (``gossip/averagers/latest.py``): which coefficient
+each held snapshot gets. No sockets, no tensors.
 
-Synchronous gossip (D-PSGD, Lian et al., NeurIPS 2017) mixes with row ``rank`` of the round's mixing
-matrix W. Asynchronous gossip mixes the latest snapshot held from each neighbour j with weight
-W_ij * f(tau_j), where tau_j counts our own local steps since that snapshot arrived, drops snapshots with
-tau_j > tau_max, and renormalises so the coefficients sum to one.
+The rule mixes the latest snapshot held from each neighbour j with weight W_ij * f(tau_j), where tau_j
+counts our own local steps since that snapshot arrived, drops snapshots with tau_j > tau_max, and
+renormalises so the coefficients sum to one.
 """
 
 from __future__ import annotations

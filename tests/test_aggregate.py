@@ -15,7 +15,7 @@ from torch import nn
 import gossip
 import gossip.aggregate as agg
 from gossip.aggregate import aggregate, aggregate_into_, sorted_rows, trim_count
-from gossip.averagers.asynchronous import AsyncGossip
+from gossip.averagers.latest import LatestGossip
 from gossip.averagers.neighbours import byzantine_garbage
 from gossip.config import GossipConfig
 from gossip.flat import FlatParams
@@ -180,11 +180,11 @@ class HeldSnapshot:
         return 0
 
 
-def async_peer(own: float, held: dict[int, float], dead: set[int]) -> AsyncGossip:
+def async_peer(own: float, held: dict[int, float], dead: set[int]) -> LatestGossip:
     """Peer 0 of a 4-peer ring in gossip-async with --aggregate median, without sockets."""
     config = GossipConfig(world_size=4, mode="gossip-async", async_rule="latest", aggregate="median")
     flat = FlatParams(vector_model(torch.full((3,), own, dtype=torch.float64)), 1 << 16)
-    peer = AsyncGossip.__new__(AsyncGossip)  # no sockets: _mix_latest reads only what is set here
+    peer = LatestGossip.__new__(LatestGossip)  # no sockets: _mix_latest reads only what is set here
     snapshots = {j: HeldSnapshot([torch.full((3,), v, dtype=torch.float64)]) for j, v in held.items()}
     peer.__dict__.update(config=config, flat=flat, rank=0, rounds=0, local_step=1, dead=set(dead),
                          staleness=Counter(), ignored_stale=0, last_mix={}, mix_seconds=0.0,
@@ -192,7 +192,7 @@ def async_peer(own: float, held: dict[int, float], dead: set[int]) -> AsyncGossi
     return peer
 
 
-def value(peer: AsyncGossip) -> float:
+def value(peer: LatestGossip) -> float:
     return float(list(peer.flat.views())[0][0])
 
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gossip.errors import ConfigError
-from gossip.mixing import normalise, stale_weights, staleness_factor
+from gossip.staleness import normalise, stale_weights, staleness_factor
 
 TAUS = [0, 1, 2, 3, 7, 50]
 

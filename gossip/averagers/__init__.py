@@ -1,8 +1,8 @@
 """Averagers by mode name (and, for gossip-async, by ``async_rule``; for gossip-sync, by ``compress``)."""
 
-from gossip.averagers.asynchronous import AsyncGossip
 from gossip.averagers.base import Averager
 from gossip.averagers.compressed import CompressedGossip
+from gossip.averagers.latest import LatestGossip
 from gossip.averagers.pushsum import AsyncPushSum
 from gossip.averagers.sync import SyncGossip
 from gossip.config import GossipConfig
@@ -11,8 +11,8 @@ from gossip.config import GossipConfig
 def averager_class(config: GossipConfig) -> type[Averager]:
     """The averager of a gossip mode: gossip-async is push-sum unless ``async_rule`` is "latest"."""
     if config.mode == "gossip-async":
-        return AsyncGossip if config.async_rule == "latest" else AsyncPushSum
+        return LatestGossip if config.async_rule == "latest" else AsyncPushSum
     return SyncGossip if config.compress == "none" else CompressedGossip
 
 
-__all__ = ["AsyncGossip", "AsyncPushSum", "Averager", "CompressedGossip", "SyncGossip", "averager_class"]
+__all__ = ["AsyncPushSum", "Averager", "CompressedGossip", "LatestGossip", "SyncGossip", "averager_class"]

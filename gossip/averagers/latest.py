@@ -41,11 +41,11 @@ from gossip.averagers.base import log
 from gossip.averagers.mailboxes import LatestMailbox
 from gossip.averagers.neighbours import GossipAverager
 from gossip.errors import PeerTimeout
-from gossip.mixing import stale_weights
 from gossip.net.wire import Header, encode
+from gossip.staleness import stale_weights
 
 
-class AsyncGossip(GossipAverager):
+class LatestGossip(GossipAverager):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.staleness: Counter[int] = Counter()  # tau of every snapshot mixed
