@@ -8,13 +8,15 @@ afterwards any peer PID listed in peers.json that is still alive is killed, so a
 instead of freezing CI. The launchers are forked from one warmed process (``tests/launcher.py`` says why
 and what that leaves out); a few tests run ``python -m launch`` itself.
 
-Tests that start processes are marked ``slow``: every user of ``launch_run`` by the hook below, the
-others by hand. ``python -m pytest -m "not slow"`` is the quick subset (pure tests and in-process
-sockets).
+Tests that start processes are marked ``slow`` by the hook below, which reads their code (and that of the
+helpers and fixtures of tests/ they use) for the names that start one; tests that wait on real sockets for
+seconds carry the mark by hand. ``python -m pytest -m "not slow"`` is the quick subset (pure tests and
+in-process sockets), and an autouse fixture makes any process a quick test starts fail it.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import random
@@ -227,9 +229,62 @@ def launch_run(tmp_path):
         assert not (finished and leftovers), f"peers {leftovers} outlived the launcher"
 
 
+# A name a test's code (or a helper or fixture of tests/ it uses) refers to that starts a process.
+STARTS_A_PROCESS = {"subprocess", "Popen", "multiprocessing", "Process", "fork", "forkpty", "posix_spawn",
+                    "posix_spawnp", "start_launcher", "launch_run"}
+
+
+def _code_of(obj: object) -> list:
+    """The code objects of a function, or of every function in a class's body, nested ones included."""
+    obj = getattr(obj, "__func__", obj)
+    funcs = [obj] if inspect.isfunction(obj) else \
+        [getattr(v, "__func__", getattr(v, "fget", v)) for v in vars(obj).values()] if inspect.isclass(obj) else []
+    todo = [f.__code__ for f in funcs if inspect.isfunction(f)]
+    found = []
+    while todo:
+        code = todo.pop()
+        found.append(code)
+        todo += [c for c in code.co_consts if inspect.iscode(c)]
+    return found
+
+
+def _ours(obj: object) -> bool:
+    try:
+        return Path(inspect.getsourcefile(getattr(obj, "__func__", obj)) or "").is_relative_to(ROOT / "tests")
+    except TypeError:
+        return False
+
+
+def starts_processes(item: pytest.Item) -> str | None:
+    """The name by which ``item`` starts a process, or None: read from the code of the test, of its fixtures
+    and of every function and class of tests/ they use, followed by name."""
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if "launch_run" in getattr(item, "fixturenames", ()):
+        return "launch_run"
+    todo = [getattr(item, "obj", None)] + [defs[-1].func for name, defs in fixtures.items() if name != GUARD]
+    seen: set[int] = set()
+    while todo:
+        obj = todo.pop()
+        if obj is None or id(obj) in seen or not _ours(obj):
+            continue
+        seen.add(id(obj))
+        namespace = getattr(getattr(obj, "__func__", obj), "__globals__", None) or \
+            vars(sys.modules.get(getattr(obj, "__module__", ""), object))
+        for code in _code_of(obj):
+            if hit := STARTS_A_PROCESS & set(code.co_names):
+                return min(hit)
+            todo += [namespace[name] for name in code.co_names if name in namespace]
+    return None
+
+
+GUARD = "_quick_tests_start_no_process"  # (the guard below names what it refuses)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test that starts a process (``starts_processes``); a test that only waits on
+    sockets for seconds carries the mark by hand."""
     for item in items:
-        if "launch_run" in getattr(item, "fixturenames", ()):
+        if item.get_closest_marker("slow") is None and starts_processes(item):
             item.add_marker(pytest.mark.slow)
 
 
@@ -241,11 +296,14 @@ def _quick_tests_start_no_process(request, monkeypatch):
         return
 
     def refuse(*args, **kwargs):
-        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
+        raise AssertionError(f"{request.node.nodeid} starts a process, which the quick subset must not: add what "
+                             "starts it to STARTS_A_PROCESS, or mark the test @pytest.mark.slow")
 
+    import multiprocessing.process
     import subprocess
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)  # (spawn does not go through fork)
     for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve"):
         if hasattr(os, name):
             monkeypatch.setattr(os, name, refuse)

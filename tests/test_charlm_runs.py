@@ -61,7 +61,6 @@ def flags_value(flags: list[str], flag: str) -> int:
     return int(flags[flags.index(flag) + 1])
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not TORCHRUN.exists(), reason=f"torchrun is not installed beside {sys.executable}")
 def test_the_charlm_example_trains_under_torchrun():
     command = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "examples/charlm_torchrun.py", "--steps", "30",

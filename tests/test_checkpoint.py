@@ -41,7 +41,6 @@ while True:
 """
 
 
-@pytest.mark.slow
 def test_killing_a_writer_mid_write_leaves_a_loadable_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pt"
     for delay in (0.0, 0.05, 0.13):
@@ -63,7 +62,6 @@ def test_killing_a_writer_mid_write_leaves_a_loadable_checkpoint(tmp_path):
     assert set(leftovers) <= {".checkpoint.pt.tmp", "checkpoint.prev.pt"}  # the torn temporary is never read
 
 
-@pytest.mark.slow
 def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()

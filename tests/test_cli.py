@@ -175,7 +175,6 @@ def test_a_port_in_use_is_reported_before_anything_starts(tmp_path, launch_here)
                               "(Address already in use); choose another --base-port")
 
 
-@pytest.mark.slow
 def test_an_output_directory_holding_a_run_is_not_overwritten(tmp_path):
     """The real command, end to end: ``python -m launch`` parses, checks and exits 2 with one line."""
     (tmp_path / "peers.json").write_text("[]")

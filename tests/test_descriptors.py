@@ -35,7 +35,7 @@ BUSY_SECONDS = 0.2
 SETTLE_SECONDS = 2.0  # after the burst (and the busy loop), by when the peer's own opens work again: 0.05-0.2 s
 # measured on an idle machine, 1.02 s once in a full-suite run; without the rule, 5.0 s (the handshake timeout)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = pytest.mark.timeout(90)
 
 
 def victim(victim_endpoint: str, neighbour_endpoint: str, busy: float) -> None:

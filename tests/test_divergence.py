@@ -39,7 +39,6 @@ def test_the_remedy_names_the_cause():
                                           "norm-clip")  # (one gradient per update has no median)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_run_at_chance_fails_unless_divergence_is_allowed(launch_run):
     run = launch_run("--lr", "100", "--steps", "60", expect_ok=False)

@@ -16,7 +16,6 @@ import pytest
 
 from tests.conftest import ROOT, free_base_port
 
-pytestmark = pytest.mark.slow
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 SCRIPT = str(ROOT / "tests" / "attach_script.py")
 

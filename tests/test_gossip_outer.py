@@ -106,7 +106,6 @@ def _ends(run, nodes: int) -> list[dict]:
     return [next(e for e in run.events(rank) if e["event"] == "end") for rank in range(nodes)]
 
 
-@pytest.mark.slow
 def test_the_outer_step_keeps_every_weight_1_and_the_networks_mean_on_the_consensus_task(launch_run):
     """No inner steps: what the outer step does to the mean is all that could move it, and over the lockstep
     mix (W doubly stochastic, every weight 1) the peers' pseudo-gradients cancel: the mean holds."""
@@ -116,7 +115,6 @@ def test_the_outer_step_keeps_every_weight_1_and_the_networks_mean_on_the_consen
     assert [end["weight"] for end in _ends(run, 4)] == [1.0] * 4
 
 
-@pytest.mark.slow
 def test_a_restarted_peer_resumes_its_outer_anchor_and_momentum(launch_run, tmp_path, monkeypatch):
     """Peer 1 dies after its checkpoint of step 40 (8 mixes, 8 outer steps) and is restarted: it resumes the
     anchor and momentum saved there, and counts its outer steps on from 8, one per mix it then takes."""

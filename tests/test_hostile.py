@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import free_base_port, reap_peers, start_launcher, wait_until
 from tests.hostile import attack, forged, victim_layout
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 
 NODES, STEPS = 4, 400

@@ -21,7 +21,7 @@ import torch
 
 from tests.conftest import free_base_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 MODEL_MB = 32
 FIXED_MB = 32  # sockets, threads, the allocator's bookkeeping

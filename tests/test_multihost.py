@@ -17,7 +17,7 @@ import pytest
 from tests import netns
 from tests.conftest import ROOT, free_base_port, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 
 class Peers:

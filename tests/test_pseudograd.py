@@ -71,7 +71,6 @@ def test_low_precision_weights_get_every_answer_whole():
     assert kind == "weights" and frames[0].dtype == torch.bfloat16
 
 
-@pytest.mark.slow
 def test_diloco_with_int8_both_ways_sends_a_quarter_and_learns_as_much(launch_run):
     run = ["--mode", "ps-avg", "--steps", "200", "--local-steps", "10", "--outer-optimizer", "nesterov"]
     plain = launch_run(*run, name="plain").summary

@@ -31,7 +31,7 @@ from gossip.rendezvous import Plan
 from gossip.rendezvous_store import Assignment, StoreRendezvous, Tags, announce_address, check_run_name, shown
 from tests.conftest import free_base_port, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # a child process serves the store
+pytestmark = pytest.mark.timeout(60)
 RUN = {"task": "digits", "steps": 300}
 SERVE = """import os, socket, sys, torch.distributed as dist
 listener = socket.socket()
@@ -112,6 +112,7 @@ def wait_for(store: TCPStore, key: str, future=None) -> None:
     wait_until(stored, 10, f"{key} in the store")
 
 
+@pytest.mark.slow  # waits on the store's sockets
 def test_joiners_get_distinct_ranks_and_everyone_reads_the_same_endpoints():
     results = meet_all(first_and_joiners(free_base_port(1), world_size=4, joiners=3))
     assert sorted(a.rank for a in results) == [0, 1, 2, 3] and results[0].rank == 0
@@ -151,6 +152,7 @@ def test_two_peers_with_the_same_rank_and_a_disagreeing_world_size(served):
         assert isinstance(first.exception(), PeerFailed)  # told by whichever of the two failed first
 
 
+@pytest.mark.slow  # waits on the store's sockets
 def test_nobody_at_the_initial_peer_is_a_clear_timeout():
     plan = Plan("join", None, None, 0, store=("127.0.0.1", free_base_port(1)))
     with pytest.raises(PeerTimeout, match=r"nothing answered at 127.0.0.1:\d+ within 1 s .* is the first peer"):
@@ -273,6 +275,7 @@ def test_the_store_a_peer_serves_listens_only_on_its_bind_address():
         StoreRendezvous(Plan("first peer", 0, 2, 0, store=("", port), host_store=True), 5, bind="10.255.255.1").open()
 
 
+@pytest.mark.slow  # waits on the store's sockets
 def test_a_swarm_meets_at_a_store_bound_to_one_address():
     port = free_base_port(1)
     plans = [Plan("first peer", 0, 3, 0, store=("", port), host_store=True)] + \

@@ -36,7 +36,6 @@ def endpoints(count: int) -> tuple[str, ...]:
     return tuple(f"tcp://127.0.0.1:{base + r}" for r in range(count))
 
 
-@pytest.mark.slow
 def test_gossip_keys_command_writes_public_and_private_keys(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gossip.net.security", str(tmp_path / "k"), "--nodes", "2",
                            "--server"],

@@ -99,7 +99,6 @@ def test_async_with_a_slow_peer_finishes_and_logs_staleness(launch_run):
     assert summary["mean_test_accuracy"] >= 0.85
 
 
-@pytest.mark.slow
 def test_the_command_of_the_readme_runs_as_users_start_it(tmp_path):
     """``python -m launch`` in a fresh interpreter, at every default but where its files and ports go (the
     other launcher tests fork theirs from a warmed process): it imports what it needs, trains, prints the
@@ -124,7 +123,6 @@ def test_a_failing_peer_is_named_and_the_run_fails(launch_run):
     assert "Traceback" not in run.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("start_method,mode", [("fork", "gossip-sync"), ("exec", "gossip-sync"),
                                                ("fork", "gossip-async"), ("fork", "ps-sync"), ("fork", "ps-async")])
 def test_ctrl_c_stops_every_process_cleanly(tmp_path, start_method, mode):
@@ -158,7 +156,6 @@ def _all_training(out, nodes: int) -> bool:
         return False
 
 
-@pytest.mark.slow
 def test_peer_process_exits_with_one_line_on_a_bad_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"nodes": 2, "steps": -1}))
     proc = subprocess.run([sys.executable, "-m", "gossip.peer", str(tmp_path / "config.json"), "--rank", "0"],
@@ -167,7 +164,6 @@ def test_peer_process_exits_with_one_line_on_a_bad_config(tmp_path):
     assert proc.stderr.strip().splitlines() == ["peer 0: --steps must be >= 1, got -1"]
 
 
-@pytest.mark.slow
 def test_the_three_line_example_trains(tmp_path):
     proc = subprocess.run([sys.executable, "examples/ordinary_loop.py", "--world-size", "2", "--steps", "100",
                            "--base-port", str(free_base_port(2))], capture_output=True, text=True, timeout=120,
