@@ -11,7 +11,7 @@ import pytest
 
 from gossip.averagers.mailboxes import PushSumMailbox
 from gossip.errors import PeerTimeout, TransportError
-from gossip.net import transport as transport_module
+from gossip.net import outbox as outbox_module
 from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import Layout
 from tests.conftest import free_base_port
@@ -27,7 +27,7 @@ def test_a_send_task_that_dies_fails_the_transport_and_wakes_a_waiting_post(monk
             await asyncio.sleep(0.005)
         raise RuntimeError("a bug in the send path")
 
-    monkeypatch.setattr(transport_module, "_send", broken_send)
+    monkeypatch.setattr(outbox_module, "_send", broken_send)
     base = free_base_port(2)
     endpoints = [f"tcp://127.0.0.1:{base + r}" for r in range(2)]
     failures: list[BaseException] = []

@@ -1,15 +1,17 @@
-"""What incoming connections may cost a peer: a cap on their number and on the bytes each may park.
+"""What a connection may cost a peer: a cap on the bytes each may park inside libzmq, in either direction
+(the connections our ROUTER accepted, and our DEALERs' own), on the number of accepted ones, and on the
+descriptors they may take from the peer's own files and sockets.
 
 libzmq assembles a whole multipart message before the application sees any of it, and its limits do not
 bound that: ``MAXMSGSIZE`` applies to one frame and the receive high-water mark counts complete messages
-(and is off on our ROUTER: a connection stopped by it can abort libzmq 4.3.5, ``gossip/net/transport.py``).
+(and is off on our sockets: a connection stopped by it can abort libzmq 4.3.5, ``gossip/net/transport.py``).
 A sender that streams frame after frame of one endless message, or message after message faster than we
 take them, therefore grows the receiver's memory without limit. No socket option closes that gap, so this
-module watches each accepted connection from outside libzmq:
+module watches each connection from outside libzmq:
 
 - the kernel counts the bytes it received on each TCP connection (``TCP_INFO``'s ``tcpi_bytes_received``);
-- the transport credits every complete message it takes from a connection (ZeroMQ tells which descriptor
-  a message came through);
+- the receiver (``gossip/net/receiver.py``) credits every complete message it takes from a connection
+  (ZeroMQ tells which descriptor a message came through);
 - the difference, less what still waits in the kernel's receive queue (``FIONREAD``; the kernel bounds
   that by the socket's receive buffer), is what libzmq holds for that connection: complete messages in
   its queue and the message being assembled. A sender that waits for us, as the protocol has it (every
@@ -25,10 +27,11 @@ abstract sockets, which have no file permissions) have no byte counters: one fro
 user is cut at once (the kernel names the connecting process's user, ``SO_PEERCRED``); the same user can
 read our keys anyway.
 
-The transport runs a second guard over its DEALERs' connections, with a limit of no messages at all: a
-neighbour's ROUTER sends a DEALER ZMTP commands only, so anything more comes from a process listening at
-the neighbour's address in its place. libzmq's monitor names such a connection's descriptor after the
-fact, when the number may already belong to another connection, so ``accepted`` checks a duplicate first.
+A second guard watches the transport's DEALERs' connections (``gossip/net/outbox.py``), with a limit of no
+messages at all: a neighbour's ROUTER sends a DEALER ZMTP commands only, so anything more comes from a
+process listening at the neighbour's address in its place. libzmq's monitor names such a connection's
+descriptor after the fact, when the number may already belong to another connection, so ``accepted``
+checks a duplicate first.
 
 A cap on connections bounds descriptors: beyond ``max_connections`` the oldest connection that never
 delivered a valid message is cut (a live neighbour's first message is its hello, so it is never the one).
@@ -43,7 +46,7 @@ The rule now: the peer keeps ``reserve`` descriptors free for itself, and
 - the guard's duplicates live in descriptors held from the start (``DescriptorPool``, one per connection
   it may watch, and one more): a duplicate is ``dup2`` onto a held number and goes back by ``dup2`` of
   /dev/null, so watching and cutting never need a free descriptor, however full the table;
-- the transport hands the guard each accepted connection as soon as libzmq reports it (not at the next
+- the receiver hands the guard each accepted connection as soon as libzmq reports it (not at the next
   check), and ``accepted`` cuts it at once when the process's free descriptors (the soft RLIMIT_NOFILE
   less those open, counted once per batch of accepts: ``look``) are fewer than ``reserve``
   (``reserve_for``: ``DESCRIPTORS_PER_NEIGHBOUR`` per destination for its DEALERs and their monitors, and
@@ -68,7 +71,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-log = logging.getLogger("gossip.net.inbound")
+log = logging.getLogger("gossip.net.guard")
 CHECK_SECONDS = 0.02
 DESCRIPTORS_PER_NEIGHBOUR = 4  # a DEALER's socket, its monitor (two inproc sockets), its connection
 OWN_DESCRIPTORS = 32  # a peer's files and everything else it opens: its event log, checkpoints, a model saved
@@ -96,9 +99,11 @@ class Connection:
 
 
 @dataclass
-class InboundGuard:
-    """``max_bytes``: what one connection may hold inside libzmq beyond what we took from it, besides the
-    handshake and the heartbeats its sender sends every ``heartbeat_seconds``."""
+class ConnectionGuard:
+    """Owns the watch over one side's connections (the accepted ones, or our DEALERs'): a duplicate of each
+    connection's descriptor, its bytes taken, its serial, and the cuts by reason. ``max_bytes``: what one
+    connection may hold inside libzmq beyond what we took from it, besides the handshake and the heartbeats
+    its sender sends every ``heartbeat_seconds``."""
 
     max_bytes: int
     max_connections: int
@@ -282,6 +287,17 @@ class DescriptorPool:
 def reserve_for(neighbours: int) -> int:
     """The descriptors a peer with ``neighbours`` destinations keeps free for itself."""
     return DESCRIPTORS_PER_NEIGHBOUR * neighbours + OWN_DESCRIPTORS
+
+
+def raise_descriptor_limit() -> None:
+    """Every connection costs a descriptor, and the guards hold one per connection they may watch: use the
+    hard limit."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+    except (ValueError, OSError):  # not allowed: the soft limit stays
+        pass
 
 
 def free_descriptors() -> int | None:

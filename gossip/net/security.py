@@ -1,6 +1,6 @@
 """CurveZMQ for every socket (``--secure KEYDIR``): encryption, and an allow-list of public keys.
 
-Part of the transport layer (with ``transport.py``, the only modules that import zmq). Key layout, as
+Part of the network layer (``gossip/net/``, the only package that imports zmq). Key layout, as
 ``gossip-keys KEYDIR --nodes N [--server]`` (or ``python -m gossip.net.security``) writes it::
 
     KEYDIR/public/peer-0.key ... peer-<N-1>.key [server.key]      everyone's public key: the allow-list
