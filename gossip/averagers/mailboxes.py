@@ -2,7 +2,8 @@
 for a window of rounds (``RoundMailbox``), a push-sum one at most two masses per sender (``MassMailbox``,
 ``PushSumMailbox``), the latest-snapshot rule only the latest message per sender (``LatestMailbox``).
 The four stand together because each files the same "params" messages by its
-own rule, and reading them side by side is how the rules are compared.
+own rule, and reading them side by side is how the rules are compared. What they share beyond the
+parameter server's mailboxes, stops and rejoining, is ``GossipMailbox``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any
 import torch
 
 from gossip.errors import PeerTimeout, ProtocolError
-from gossip.mailbox import Expects, Mailbox, ranks_text
-from gossip.net.wire import Layout, Message
+from gossip.mailbox import Expects, Mailbox, impostors, ranks_text
+from gossip.net.wire import Header, Layout, Message
+from gossip.rejoin import Rejoin
+from gossip.stops import Stops
 
 Share = Callable[[int, int], float]  # (sender, round) -> W[us, sender] in that round: our share of its mass
 
@@ -35,10 +38,94 @@ class Received:
         return (local_step if self.final_step is None else self.final_step) - self.arrival_step
 
 
-class RoundMailbox(Mailbox):
-    """Synchronous gossip: one message per (round, sender), for rounds in [current, current + window]."""
+class GossipMailbox(Mailbox):
+    """A gossip peer's mailbox: a ``Mailbox`` that hears its neighbours' stops (``gossip/stops.py``) and
+    keeps its own rejoin state (``gossip/rejoin.py``), with what the averagers ask of both and of liveness:
+    dead and restarted neighbours, link drops, nonces, welcomes and the first models after them."""
 
-    hears_stops = True
+    accepts = frozenset({"hello", "params", "welcome"})
+
+    def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
+        super().__init__(rank, world_size, layout, expects, stops=Stops(), rejoin=Rejoin())
+        self.nonce = self.rejoin.nonce  # this incarnation's, sent in our hellos: a welcome must echo it
+        self.first = self.rejoin.first  # sender -> the header of its welcome
+
+    # -- rejoining (``gossip/rejoin.py``) ---------------------------------------------------------------
+    @property
+    def rejoining(self) -> bool:
+        """Welcomes are taken only while we rejoin."""
+        return self.rejoin.rejoining
+
+    @rejoining.setter
+    def rejoining(self, value: bool) -> None:
+        self.rejoin.rejoining = value
+
+    @property
+    def keep_first(self) -> bool:
+        """Rejoining without a checkpoint: also keep each welcoming sender's first model."""
+        return self.rejoin.keep_first
+
+    @keep_first.setter
+    def keep_first(self, value: bool) -> None:
+        self.rejoin.keep_first = value
+
+    def wait_first(self, senders: Iterable[int], timeout: float) -> dict[int, Header]:
+        """Rejoining: wait up to ``timeout`` for the welcome of each of ``senders``, or for it to be dead; a
+        sender we could not even connect to within ``peer_timeout`` has finished or died: no wait for it.
+        The welcomes that came."""
+        senders = set(senders)
+        began = time.monotonic()
+
+        def missing() -> set[int]:
+            unreachable = set() if time.monotonic() - began < self.peer_timeout else senders - self.liveness.up
+            return self.rejoin.waiting(senders, self._dead() | unreachable)
+
+        self._wait(missing, timeout)
+        with self._cond:
+            return self.rejoin.welcomes(senders)
+
+    def take_first_models(self) -> dict[int, list[torch.Tensor]]:
+        with self._cond:
+            return self.rejoin.take_models()
+
+    # -- liveness (``gossip/liveness.py``) --------------------------------------------------------------
+    def _dead(self) -> set[int]:
+        """Neighbours not to wait for (lock held): ``Liveness.dead`` by our clock."""
+        return self.liveness.dead(self.clock(), self.peer_timeout)
+
+    def dead(self) -> set[int]:
+        with self._cond:
+            return self._dead()
+
+    def declare_dead(self, peers: Iterable[int]) -> None:
+        with self._cond:
+            self.liveness.declare_dead(peers)
+
+    def take_restarted(self) -> set[int]:
+        """Neighbours that came back since we last asked; they count as alive again from now on."""
+        with self._cond:
+            return self.liveness.take_restarted()
+
+    def link_drops(self) -> dict[str, int]:
+        """How often our connection to each neighbour dropped (a flap, a death or a restart)."""
+        with self._cond:
+            return self.liveness.link_drops()
+
+    def nonce_of(self, sender: int) -> int:
+        """The nonce of ``sender``'s latest hello that we took (0: none), for our welcome to echo."""
+        with self._cond:
+            return self.liveness.nonce_of(sender)
+
+    def reported_pace(self, sender: int) -> float | None:
+        """Busy seconds per round that ``sender`` last reported: seconds per step times steps per round."""
+        header = self.reported.get(sender)
+        if header is None or not header.step_seconds:
+            return None
+        return header.step_seconds * header.step / (header.round + 1)
+
+
+class RoundMailbox(GossipMailbox):
+    """Synchronous gossip: one message per (round, sender), for rounds in [current, current + window]."""
 
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects, window: int) -> None:
         super().__init__(rank, world_size, layout, expects)
@@ -86,7 +173,7 @@ class RoundMailbox(Mailbox):
         if missing:
             raise PeerTimeout(f"peer {self.rank} waited {timeout:g} s for round {round} from peer(s) "
                               f"{ranks_text(missing)} (--round-timeout); did they stop or fall behind?"
-                              f"{self.impostors(missing)}")
+                              f"{impostors(self.foreign, missing)}")
         return self.take_round(round)
 
     def take_round(self, round: int) -> dict[int, Message]:
@@ -129,13 +216,11 @@ class Mass:
         self.parts[-1] = (held + mass, kept)
 
 
-class MassMailbox(Mailbox):
+class MassMailbox(GossipMailbox):
     """Push-sum gossip (deadline mode): whatever a sender pushed to us and we have not mixed yet, from any
     round: at most ``MAX_PARTS`` messages per sender, the next merged into the latest (``Mass``), so memory
     stays bounded however far ahead or behind a sender runs, and the merging (whole-model work) happens on
     the loop thread only for a sender that far ahead. A message without mass is not held."""
-
-    hears_stops = True
 
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects, share: Share) -> None:
         super().__init__(rank, world_size, layout, expects)
@@ -195,13 +280,13 @@ class MassMailbox(Mailbox):
             progress, last_change = None, time.monotonic()
             while left := missing():
                 now = time.monotonic()
-                seen = (sum(self.received[j] for j in left), len(self._finished))
+                seen = (sum(self.received[j] for j in left), len(self.liveness.finished))
                 if seen != progress:
                     progress, last_change = seen, now
                 elif now - last_change >= idle_timeout:
                     raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {ranks_text(left)} for "
                                       f"{idle_timeout:g} s while waiting for their last messages (--round-timeout)"
-                                      f"{self.impostors(left)}")
+                                      f"{impostors(self.foreign, left)}")
                 self.raise_if_stopped(left)
                 self._block(min(0.5, idle_timeout - (now - last_change)))
 
@@ -247,7 +332,7 @@ class PushSumMailbox(MassMailbox):
 
     def _forget_bye(self, sender: int) -> None:
         self.bye_rounds.pop(sender, None)
-        self._finished.discard(sender)
+        self.liveness.finished.discard(sender)
 
     def _file(self, message: Message) -> None:
         header = message.header
@@ -268,7 +353,7 @@ class PushSumMailbox(MassMailbox):
             raise ProtocolError("bye", f"peer {sender}'s {header.kind} counts {header.round} rounds, but it "
                                        f"already sent us round {self.latest_round[sender]}")
         self.bye_rounds[sender] = header.round
-        self._finished.add(sender)
+        self.liveness.finished.add(sender)
 
     def take_contradicted(self) -> set[int]:
         with self._cond:
@@ -284,14 +369,12 @@ class PushSumMailbox(MassMailbox):
                                      or self.latest_round.get(j, -1) + 1 < self.bye_rounds[j]}, idle_timeout)
 
 
-class LatestMailbox(Mailbox):
+class LatestMailbox(GossipMailbox):
     """Asynchronous gossip: the newest message from each sender, replaced on arrival of a newer one.
 
     A sender that finishes says "bye" with the step of its last snapshot: when that is the snapshot held,
     its staleness stops growing (``Received.staleness``), and the sender, whose connection then drops, is
     finished rather than dead, so its last model stays in the mix of a peer that is still training."""
-
-    hears_stops = True
 
     accepts = frozenset({"hello", "params", "welcome", "bye"})
 
@@ -301,7 +384,7 @@ class LatestMailbox(Mailbox):
 
     def _restart(self, sender: int) -> None:
         self._latest.pop(sender, None)  # its new incarnation counts steps from its checkpoint
-        self._finished.discard(sender)
+        self.liveness.finished.discard(sender)
 
     def _file(self, message: Message) -> None:
         header = message.header
@@ -311,14 +394,14 @@ class LatestMailbox(Mailbox):
             raise ProtocolError("not-neighbour", f"peer {header.sender} is not our neighbour in its round {header.round}")
         held = self._latest.get(header.sender)
         if header.kind == "bye":
-            self._finished.add(header.sender)
+            self.liveness.finished.add(header.sender)
             if held is not None and held.message.header.step == header.step and held.final_step is None:
                 held.final_step = self.local_step
             return
         if held is not None and header.step <= held.message.header.step:
             raise ProtocolError("replay", f"step {header.step} from peer {header.sender} is not newer than "
                                           f"the step {held.message.header.step} we hold")
-        self._finished.discard(header.sender)  # (a forged bye is undone by the sender's next snapshot)
+        self.liveness.finished.discard(header.sender)  # (a forged bye is undone by the sender's next snapshot)
         self._latest[header.sender] = Received(message, self.local_step, time.monotonic())
 
     def latest(self) -> dict[int, Received]:

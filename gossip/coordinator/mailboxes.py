@@ -1,12 +1,14 @@
 """The parameter server's mailbox (a queue with a share per worker) and its workers' (the server's
-latest reply)."""
+latest reply). Each is a ``Mailbox`` (filing and waits) with its ``Liveness`` for connections and second
+hellos (a hello forged over another connection is neither queued nor answered); neither hears stops nor
+rejoins (``gossip/stops.py``, ``gossip/rejoin.py``: the gossip mailboxes')."""
 
 from __future__ import annotations
 
 from collections import deque
 
 from gossip.errors import PeerTimeout, ProtocolError
-from gossip.mailbox import Expects, Mailbox
+from gossip.mailbox import Expects, Mailbox, impostors
 from gossip.net.wire import Layout, Message
 
 PER_WORKER = 4  # messages of one worker the parameter server's queue holds: a hello, a contribution, a bye
@@ -80,7 +82,7 @@ class ReplyMailbox(Mailbox):
 
         if self._wait(missing, timeout):
             raise PeerTimeout(f"worker {self.rank} waited {timeout:g} s for the parameter server's weights "
-                              f"(--round-timeout); is the server running?{self.impostors({self.server})}")
+                              f"(--round-timeout); is the server running?{impostors(self.foreign, {self.server})}")
         with self._cond:
             message, self._weights = self._weights, None
             self._acknowledged = False
