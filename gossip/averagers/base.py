@@ -51,7 +51,11 @@ ABORT_FLUSH_SECONDS = 1.0  # how long a peer that stops the run waits for its "a
 
 
 class Averager(ABC):
-    """Averages one model's flat parameters with neighbours; use as a context manager or ``close()``."""
+    """Averages one model's flat parameters with neighbours; use as a context manager or ``close()``.
+
+    It has this many methods because it is the skeleton every mode fills in: the user's API (``start``,
+    ``step``, ``close``, ``statistics``, ...), the hooks a mode overrides (how to greet, mix, finish and
+    rejoin) and the steps of the schedule between them."""
 
     sends_gradients = False  # True for parameter-server workers that send gradients instead of stepping
     keyword_errors = False  # errors name ``attach``'s keyword arguments instead of flags (``gossip/naming.py``)
