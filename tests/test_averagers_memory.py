@@ -56,6 +56,15 @@ def swarm(body, values: list[torch.Tensor], network: MemoryNetwork | None = None
     return run_peers(len(values), peer)
 
 
+def stepping(count: int):
+    """A peer's body that only steps ``count`` times."""
+    def body(rank, averager, model):
+        for _ in range(count):
+            averager.step()
+
+    return body
+
+
 def trainer(model: Vector):
     """``train(change)``: one step of a torch.optim optimizer that moves the model by ``change``."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -119,12 +128,7 @@ def test_gossip_sync_with_overlap_mixes_each_round_one_step_later_and_close_comp
 def test_gossip_sync_on_a_time_varying_graph_mixes_with_each_rounds_matrix():
     rounds = 4
     values = starts()
-
-    def body(rank, averager, model):
-        for _ in range(rounds):
-            averager.step()
-
-    results = swarm(body, values, topology="exponential", overlap=False)
+    results = swarm(stepping(rounds), values, topology="exponential", overlap=False)
     x = stacked(values)
     for round in range(rounds):
         x = mixing("exponential", round) @ x
@@ -184,12 +188,7 @@ def test_async_push_sum_keeps_the_mass_of_offers_a_held_neighbour_did_not_take()
 def test_compressed_gossip_keeps_the_network_mean_and_contracts():
     rounds = 8
     values = starts()
-
-    def body(rank, averager, model):
-        for _ in range(rounds):
-            averager.step()
-
-    results = swarm(body, values, compress="int8", overlap=False)
+    results = swarm(stepping(rounds), values, compress="int8", overlap=False)
     x0, x = stacked(values), stacked(r[0] for r in results)
     np.testing.assert_allclose(x.mean(0), x0.mean(0), rtol=0, atol=1e-12)
     spread = np.abs(x - x.mean(0)).max()
@@ -225,12 +224,7 @@ def test_an_outer_sgd_step_with_lr_1_and_no_momentum_is_plain_local_steps_gossip
 
 
 def test_the_memory_link_counts_what_it_carried_with_the_transports_keys():
-    values = starts(2)
-
-    def body(rank, averager, model):
-        averager.step()
-
-    results = swarm(body, values, topology="full")
+    results = swarm(stepping(1), starts(2), topology="full")
     for _, stats in results:
         assert {"bytes_sent", "bytes_received", "messages_sent", "messages_received", "replaced", "dropped",
                 "routes", "send_buffers"} <= stats.keys()
