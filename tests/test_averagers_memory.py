@@ -2,7 +2,7 @@
 in one process (a thread each) joined by ``tests/memory_link.py``. Gossip-sync is x <- W x per round with
 the topology's own mixing matrix, push-sum keeps the network's mass while peers train and while a neighbour
 takes nothing, CHOCO's compressed gossip keeps the network's mean, and an outer step of SGD with lr 1 and no
-momentum is plain local-steps gossip."""
+momentum is plain local-steps gossip; and the parameter server, on the same link, averages ps-avg's workers."""
 
 from __future__ import annotations
 
@@ -13,9 +13,13 @@ from torch import nn
 
 import topologies
 from gossip.averagers import averager_class
-from gossip.config import GossipConfig
+from gossip.config import CoordinatorConfig, GossipConfig, RunConfig
+from gossip.coordinator.server import ParameterServer
+from gossip.coordinator.worker import PSWorker
 from gossip.errors import PeerTimeout
 from gossip.flat import FlatParams
+from gossip.metrics import EventLog
+from gossip.tasks import build_task, context_for
 from tests.conftest import run_peers
 from tests.memory_link import MemoryNetwork
 
@@ -277,3 +281,37 @@ def test_the_memory_link_queues_offers_replaces_and_forgets_as_the_transport_doe
     assert boxes[1].messages[-1][0] == b"again" and boxes[1].messages[-1][1] != connection
     b.close(flush_timeout=0.0)
     assert boxes[0].events[-1] == ("link", 1, False) and not b.started
+
+
+def test_ps_avg_workers_continue_from_the_mean_of_their_weights_through_the_server(tmp_path):
+    """The parameter server on the same memory network (rank N, watching no links): each worker starts from
+    the server's weights, moves them, and after its step holds the mean of what the workers sent."""
+    cfg = RunConfig(nodes=2, task="digits", gossip=GossipConfig(world_size=2, mode="ps-avg"),
+                    coordinator=CoordinatorConfig(local_steps=1)).for_rank(0)
+    network = MemoryNetwork()
+    server = ParameterServer(cfg, tmp_path, EventLog(tmp_path / "server.jsonl"),
+                             connect=network.connect(2, server=True))
+    start = server.flat.segments[0].clone()
+    changes = [torch.full_like(start, 0.5 * (rank + 1)) for rank in range(2)]
+
+    def process(rank: int):
+        if rank == 2:
+            try:
+                server.serve()
+            finally:
+                server.close(finish=True)
+            return server.transport.statistics()
+        config = cfg.for_rank(rank).gossip
+        model = build_task(cfg.task, context_for(cfg, rank)).model
+        with PSWorker(FlatParams(model, config.chunk_bytes), config, cfg.coordinator,
+                      connect=network.connect(rank)).start() as worker:
+            began = worker.flat.segments[0].clone()
+            worker.flat.segments[0].add_(changes[rank])
+            worker.step()
+            return began, worker.flat.segments[0].clone()
+
+    *workers, served = run_peers(3, process)
+    for began, after in workers:
+        assert torch.equal(began, start)
+        torch.testing.assert_close(after, start + (changes[0] + changes[1]) / 2)
+    assert served["messages_received"] == 6 and served["dropped"] == {}  # a hello, the weights and a bye each
