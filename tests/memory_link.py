@@ -92,7 +92,7 @@ class MemoryNetwork:
         for link in list(self._listening.values()) + self._closing:
             for dest, queue in link.queues.items():
                 while queue and self._deliverable(dest):
-                    frames, _, _ = queue.popleft()
+                    frames, _ = queue.popleft()
                     link._hand_over(self._listening[dest], frames)
         self._cond.notify_all()
 
@@ -105,7 +105,7 @@ class MemoryLink:
         self.rank = rank
         self.mailbox = mailbox
         self.watch_links = watch_links
-        self.queues: dict[int, deque[tuple[list[Frame], bool, Sent | None]]] = {}
+        self.queues: dict[int, deque[tuple[list[Frame], bool]]] = {}  # dest -> (frames, latest_only) waiting
         self.connections: dict[int, int] = {}  # dest -> serial of our connection to it
         self._started = False
         self.failure: BaseException | None = None
@@ -141,7 +141,7 @@ class MemoryLink:
                 elif not network._cond.wait_for(lambda q=queue: len(q) < network.queue_depth, timeout):
                     raise PeerTimeout(f"peer {self.rank}: no room within {timeout:g} s queueing a message for "
                                       f"peer {dest}")
-                queue.append((copied, latest_only, sent))
+                queue.append((copied, latest_only))
             network._flush()
         return sent
 
@@ -153,7 +153,7 @@ class MemoryLink:
             for dest in dests:
                 queue = self.queues.setdefault(dest, deque())
                 if not queue:
-                    queue.append((copied, False, None))
+                    queue.append((copied, False))
                     taken.append(dest)
             self.network._flush()
         return taken
