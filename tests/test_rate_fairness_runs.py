@@ -2,8 +2,8 @@
 known (``tests/tasks.py:targets``: peer i minimises 0.5 |x - b_i|^2, so the right model is mean b).
 
 In every mode, with equal speeds and with one peer four times slower, the product model must reach mean b:
-exactly in the synchronous modes (below 1e-9), and in the asynchronous ones either exactly (the server's
-memory of each worker's latest gradient: below 1e-6) or with a constant-step bias that falls with the
+exactly in the synchronous modes and the asynchronous server modes (below 1e-9: the server's memory of
+each worker's latest gradient), and in gossip-async with a constant-step bias that falls with the
 learning rate (at a quarter of it, with four times the steps, at most half the error). A rate-weighted
 fixed point (rate compensation off) or a slow peer training alone at the end (each peer's own quota) keeps
 its error whatever the learning rate, and fails.
@@ -60,31 +60,45 @@ def test_the_synchronous_modes_reach_the_mean_of_the_objectives_exactly(launch_r
     assert error(run) < 1e-9, error(run)
 
 
+def assert_the_swarm_spent_its_budget(run, speeds: str) -> None:
+    steps = [next(e for e in run.events(r) if e["event"] == "end")["step"] for r in range(6)]
+    budget = 6 * run.summary["steps"]  # the swarm's, spent (up to a step a peer: gossip-async looks ahead)
+    assert budget - 6 <= sum(steps) <= budget + 6 * 6, steps
+    if speeds == "slow":  # the fast peers take more than --steps steps on average, the slow one fewer
+        # (not each fast peer: on a loaded machine one of them may be slowed too, 199 against 200)
+        assert steps[5] < run.summary["steps"] < sum(steps[:5]) / 5, steps
+
+
 @pytest.mark.parametrize("speeds", SPEEDS)
-@pytest.mark.parametrize("mode", ASYNCHRONOUS)
-def test_the_asynchronous_modes_reach_the_mean_of_the_objectives(launch_run, mode, speeds):
-    """gossip-async's error is that of its fixed point, measured over four runs (seeds 0 to 3) at each learning
-    rate: the network's mean (push-sum weighted) averaged over the second half of each peer's rounds, from
-    the traces (``settled_error``). Its last iterate also moves at random around that point, by an amount
-    that timing decides (the order of the last steps, the time each step is credited with): three
-    full-suite runs of one day put the last iterates' error at lr / 4 at 0.53-0.67 of that at lr, where on
-    an idle machine 40 runs at each learning rate gave 0.29; the time average of the same runs gave 0.23
-    (and 0.05-0.28 on the idle machine), as a bias in proportion to lr makes it (0.25). A bias that does
-    not fall keeps it near 1: with --rate-compensation off (a rate-weighted fixed point), slow speeds, the
-    same four seeds measured 1.07. The server's memory makes its modes exact (their last iterate is it)."""
-    seeds = (0, 1, 2, 3) if mode == "gossip-async" else (0,)
-    runs = {lr: [quadratic(launch_run, mode, speeds, lr, round(STEPS * LR / lr), "--seed", str(seed),
+def test_gossip_async_reaches_the_mean_of_the_objectives_with_a_bias_in_proportion_to_lr(launch_run, speeds):
+    """Its error is that of its fixed point, measured over four runs (seeds 0 to 3) at each learning rate: the
+    network's mean (push-sum weighted) averaged over the second half of each peer's rounds, from the traces
+    (``settled_error``). Its last iterate also moves at random around that point, by an amount that timing
+    decides (the order of the last steps, the time each step is credited with): three full-suite runs of one
+    day put the last iterates' error at lr / 4 at 0.53-0.67 of that at lr, where on an idle machine 40 runs
+    at each learning rate gave 0.29; the time average of the same runs gave 0.23 (and 0.05-0.28 on the idle
+    machine), as a bias in proportion to lr makes it (0.25). A bias that does not fall keeps it near 1: with
+    --rate-compensation off (a rate-weighted fixed point), slow speeds, the same four seeds measured 1.07."""
+    seeds = (0, 1, 2, 3)
+    runs = {lr: [quadratic(launch_run, "gossip-async", speeds, lr, round(STEPS * LR / lr), "--seed", str(seed),
                            name=f"lr{LR / lr:g}-seed{seed}") for seed in seeds] for lr in (LR, LR / 4)}
-    measure = settled_error if mode == "gossip-async" else (lambda run, seed: error(run))
-    fast, slow = (sum(measure(run, seed) for run, seed in zip(runs[lr], seeds)) / len(seeds) for lr in (LR, LR / 4))
-    assert slow <= fast / 2 or max(fast, slow) < 1e-6, (fast, slow)
+    fast, slow = (sum(settled_error(run, seed) for run, seed in zip(runs[lr], seeds)) / len(seeds)
+                  for lr in (LR, LR / 4))
+    assert slow <= fast / 2, (fast, slow)
     for run in runs[LR] + runs[LR / 4]:
-        steps = [next(e for e in run.events(r) if e["event"] == "end")["step"] for r in range(6)]
-        budget = 6 * run.summary["steps"]  # the swarm's, spent (up to a step a peer: gossip-async looks ahead)
-        assert budget - 6 <= sum(steps) <= budget + 6 * 6, steps
-        if speeds == "slow":  # the fast peers take more than --steps steps on average, the slow one fewer
-            # (not each fast peer: on a loaded machine one of them may be slowed too, 199 against 200)
-            assert steps[5] < run.summary["steps"] < sum(steps[:5]) / 5, steps
+        assert_the_swarm_spent_its_budget(run, speeds)
+
+
+@pytest.mark.parametrize("speeds", SPEEDS)
+@pytest.mark.parametrize("mode", [mode for mode in ASYNCHRONOUS if mode != "gossip-async"])
+def test_the_asynchronous_servers_reach_the_mean_of_the_objectives_exactly(launch_run, mode, speeds):
+    """The server's memory of each worker's latest gradient makes its fixed point the mean's minimiser at any
+    learning rate, and its last iterate is that point: no bias to fall with the learning rate (measured
+    about 1e-16 in every mode and speed). A rate-weighted fixed point stays far above the bound (the test
+    below)."""
+    run = quadratic(launch_run, mode, speeds, LR, STEPS)
+    assert error(run) < 1e-9, error(run)
+    assert_the_swarm_spent_its_budget(run, speeds)
 
 
 @pytest.mark.parametrize("mode", ASYNCHRONOUS)
