@@ -1,10 +1,12 @@
 """Every outbox of one process, and the three ways a message enters them, one for each kind of algorithm:
 
-- queued, waiting for room (sync gossip, the parameter-server modes, every hello and bye): a post that finds
-  room in the queue of every destination hands its message over without waiting for the loop (``claim``: a
-  blocking round trip between the threads per round was measurable in a small model's round); one that
-  finds a queue full waits for the loop, up to its timeout (``put_waiting``);
-- replacing (gossip-async's latest rule, ``put_latest``): a newer snapshot replaces the unsent one;
+- queued, waiting for room (synchronous and compressed gossip, the parameter-server modes, hellos, welcomes
+  and byes): a post that finds room in the queue of every destination hands its message over without
+  waiting for the loop (``claim``, then ``put_claimed``: a blocking round trip between the threads per round
+  was measurable in a small model's round); one that finds a queue full waits for the loop, up to its
+  timeout (``put_waiting``);
+- replacing (gossip-async's latest rule, and an abort notice: ``put_latest``): a newer snapshot replaces the
+  unsent one, and messages that may not be replaced stay;
 - offered (push-sum, ``offer``): queued only where the destination's queue is empty, never replacing a
   message, which would lose its mass.
 
