@@ -41,7 +41,7 @@ import torch
 import topologies
 from gossip.averagers.base import log
 from gossip.averagers.mailboxes import RoundMailbox
-from gossip.averagers.sync import SyncGossip
+from gossip.averagers.neighbours import GossipAverager
 from gossip.compression import add_decoded_, encode_difference_, scratch_numel
 from gossip.config import GossipConfig
 from gossip.errors import ConfigError
@@ -50,14 +50,14 @@ from gossip.link import Connect
 from gossip.net.wire import CODEC_KINDS, encode, frames_per_row
 
 
-class CompressedGossip(SyncGossip):
-    _pending: int | None = None  # the round whose neighbours' messages are still to mix
+class CompressedGossip(GossipAverager):
     takes_outer = False  # (its round sends compressed differences, with no outer step on them)
 
     def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None,
                  outer: tuple[str, float, float] | None = None, connect: Connect | None = None) -> None:
         # (the config refused a directed or time-varying topology)
         super().__init__(flat, config, topology, outer, connect)
+        self._pending: int | None = None  # the round whose neighbours' differences are still to mix
         self.codec = self.config.compress
         self._frames_per_row = frames_per_row(self.codec)
         self.public = self._zeros()  # x^_i, per segment
@@ -72,8 +72,7 @@ class CompressedGossip(SyncGossip):
                 for s in self.flat.segments]
 
     def _make_mailbox(self) -> RoundMailbox:
-        mailbox = super()._make_mailbox()
-        mailbox.layout = dataclasses.replace(mailbox.layout, codec=self.config.compress)
+        mailbox = self._round_mailbox(dataclasses.replace(self.flat.layout, codec=self.config.compress))
         mailbox.accepts = frozenset({"hello", "welcome", CODEC_KINDS[self.config.compress]})
         return mailbox
 
@@ -93,12 +92,13 @@ class CompressedGossip(SyncGossip):
 
     def _gossip(self) -> None:
         if self.config.overlap:
-            self._complete_round(take_snapshot=False, final=False)
-        round = self._open_round()
+            self._complete_round()
+        self._prune_dead()
+        round = self.rounds
         self._send_difference(round)
         self._pending = round
         if not self.config.overlap:
-            self._complete_round(take_snapshot=False, final=False)
+            self._complete_round()
 
     def _send_difference(self, round: int) -> None:
         """q_i = Q(x_i - x^_i) for every frame of the plan, x^_i += q_i, and send q_i."""
@@ -113,7 +113,11 @@ class CompressedGossip(SyncGossip):
         self.transport.post(self._live_out_neighbours(round), encode(header, frames), latest_only=False,
                             timeout=self.config.send_timeout)
 
-    def _complete_round(self, take_snapshot: bool, final: bool) -> None:
+    def _finish(self) -> None:
+        """Mix the differences of the round still in flight before the sockets close."""
+        self._complete_round()
+
+    def _complete_round(self) -> None:
         """Wait for the pending round's differences, move the replicas by them, and take the consensus
         step x_i += gamma sum_j W_ij (x^_j - x^_i), frame by frame while each is in cache."""
         if self._pending is None:
@@ -140,6 +144,4 @@ class CompressedGossip(SyncGossip):
         self.rounds = round + 1
 
     def statistics(self) -> dict:
-        stats = super().statistics()
-        stats.pop("relocated", None)  # nothing of ours is sent uncopied
-        return {**stats, "compress": self.codec}
+        return {**super().statistics(), "compress": self.codec}

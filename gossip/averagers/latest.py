@@ -61,10 +61,7 @@ class LatestGossip(GossipAverager):
         return min(1.0, self.config.shutdown_timeout)
 
     def _make_mailbox(self) -> LatestMailbox:
-        def expects(sender: int, round: int) -> bool:
-            return sender in self.topology.in_neighbors(self.rank, round)
-
-        return LatestMailbox(self.rank, self.config.world_size, self.flat.layout, expects)
+        return LatestMailbox(self.rank, self.config.world_size, self.flat.layout, self._expects)
 
     def _rejoin(self, found: bool, weight: float) -> None:
         """Restarted (``--resume``): once the neighbours welcomed us, jump to the latest step and round among

@@ -1,12 +1,16 @@
 """What gossip adds to every averager: neighbours from a topology, hellos, liveness and rejoining.
 
-``SyncGossip``, ``AsyncPushSum`` and ``AsyncGossip`` build on ``GossipAverager``; the parameter-server
-worker (``gossip/coordinator/worker.py``) stands beside it on ``Averager``, with no neighbours.
+``SyncGossip`` (``sync.py``), ``CompressedGossip`` (``compressed.py``), ``AsyncPushSum`` (``pushsum.py``) and
+``LatestGossip`` (``latest.py``) each build on ``GossipAverager`` with their own round; the parameter-server
+worker (``gossip/coordinator/worker.py``) stands beside it on ``Averager``, with no neighbours. Every
+mailbox learns from ``_expects`` whom a round's messages come from and, where messages carry push-sum mass,
+from ``_share`` the share W_ij of it that is ours.
 
 Liveness: at every mixing point ``_prune_dead`` stops sending to neighbours the mailbox finds dead
 (connection down for ``peer_timeout``, or replaced by a new incarnation) and re-admits restarted ones with a
 "welcome" naming our round and step. A restarted peer (``start(resume=...)``) says hello to everyone it may
-exchange with and rejoins where their welcomes say the others are (``_rejoin_gossip``).
+exchange with and rejoins where their welcomes say the others are (``_rejoin_gossip``; the push-sum modes
+in the latest round any of them is in: ``_rejoin_round``, ``_go_on_from``).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ import torch
 
 import topologies
 from gossip.averagers.base import Averager, log
+from gossip.averagers.mailboxes import RoundMailbox
 from gossip.averagers.outer import OuterStep
 from gossip.config import GossipConfig
 from gossip.errors import ConfigError
 from gossip.flat import FlatParams
 from gossip.link import Connect
 from gossip.net.transport import Delivery
-from gossip.net.wire import Header, encode, params_header
+from gossip.net.wire import Header, Layout, encode, params_header
 from gossip.progress import SwarmProgress
 
 PAUSE_BOUND = 2.0  # rate compensation credits a step at most this many times our usual step's time
@@ -32,7 +37,9 @@ USUAL_SMOOTHING = 0.1
 
 
 class GossipAverager(Averager):
-    """An averager that exchanges with the neighbours ``topology`` gives it, round by round."""
+    """An averager that exchanges with the neighbours ``topology`` gives it, round by round. It has this many
+    methods because every gossip mode shares them: whom it hears from and its share of their mass, hellos,
+    liveness and rejoining, the swarm's end and rate factor, and the messages it sends."""
 
     def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None,
                  outer: tuple[str, float, float] | None = None, connect: Connect | None = None) -> None:
@@ -55,6 +62,22 @@ class GossipAverager(Averager):
         self._usual_step: float | None = None  # moving average of the credited seconds per step
 
     takes_outer = False  # (SyncGossip's lockstep mix ends with the outer step: ``outer.py`` says why only it)
+
+    def _expects(self, sender: int, round: int) -> bool:
+        """Is ``sender`` one of our in-neighbours in ``round``? (The mailbox files only their messages.)"""
+        return sender in self.topology.in_neighbors(self.rank, round)
+
+    def _share(self, sender: int, round: int) -> float:
+        """W_ij of ``round``: our share of the push-sum mass ``sender`` sent in that round."""
+        return float(self.topology.mixing_matrix(round)[self.rank, sender])
+
+    def _round_mailbox(self, layout: Layout) -> RoundMailbox:
+        """A mailbox of whole rounds, for the modes that mix in lockstep. On a fixed undirected graph a
+        neighbour is at most one round ahead of us (it needs our message to finish each round); on a directed
+        or time-varying one it can lead by as many rounds as the graph's diameter, at most N - 1."""
+        lockstep = self.topology is None or not (self.topology.directed or self.topology.time_varying)
+        return RoundMailbox(self.rank, self.config.world_size, layout, self._expects,
+                            window=2 if lockstep else max(2, self.config.world_size))
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -130,6 +153,20 @@ class GossipAverager(Averager):
                  "; took the mean of ours and theirs" if found and blend and first else
                  "" if found else "; took their mean model (no checkpoint)")
         return first
+
+    def _rejoin_round(self, found: bool) -> tuple[dict[int, Header], int]:
+        """The push-sum modes' rejoin (``_rejoin_gossip``): the welcomes, and the round to go on in, the latest
+        any live neighbour is in (ours, if that is later)."""
+        first = self._rejoin_gossip(found)
+        return first, max([self.rounds] + [header.round for header in first.values()])
+
+    def _go_on_from(self, round: int) -> None:
+        """Rejoined: take ``round`` as ours. The local step jumps with the round under schedule "steps", so we
+        end with the others (``gossip_every`` steps per round)."""
+        self.rounds = self.mixing_points = self.resumed_at = round
+        if self.config.schedule == "steps":
+            self.local_step = self.mailbox.local_step = max(self.local_step, round * self.config.gossip_every)
+        self._mixed_at = (self.local_step, self.samples)
 
     def _hello(self) -> list:
         """Our hello, with this incarnation's nonce: a neighbour's welcome must echo it."""

@@ -13,8 +13,8 @@ made since its own last snapshot s_i with mass c, and keeps the share k of that 
     x_i = c (z_i - s_i) + k w_i^s s_i + sum_j m_j s_j,    w_i = k w_i^s + sum_j m_j,    z_i = x_i / w_i
 
 then takes the next snapshot s_i = z_i, w_i^s = w_i and pushes it to its out-neighbours. The formula of
-``SyncGossip`` with overlap, except for c and that nothing is waited for: what has not arrived is mixed at
-a later mixing point, whenever it comes.
+``SyncGossip`` with overlap (``PushSumMass.mix``, ``mass.py``), except for c and that nothing is waited for:
+what has not arrived is mixed at a later mixing point, whenever it comes.
 
 - **Mass is kept.** k = W_ii plus the shares W_ki of the out-neighbours the snapshot did not go to: a dead
   or finished one, one whose previous message still waits in our outbox, or one that flow control holds
@@ -58,14 +58,17 @@ a later mixing point, whenever it comes.
   bye costs a few skipped messages on one link, never mass.
 - **Dead neighbours** (``peer_timeout``) as in gossip-sync: not waited for, not sent to, their share kept;
   their mass at death is lost and the survivors' weights renormalise. A restarted one rejoins with its
-  checkpoint's mass (``SyncGossip._rejoin``).
+  checkpoint's mass (``AsyncPushSum._rejoin``).
 """
 
 from __future__ import annotations
 
+import torch
+
 from gossip.averagers.flow import FlowWindow
 from gossip.averagers.mailboxes import PushSumMailbox
-from gossip.averagers.sync import SyncGossip
+from gossip.averagers.mass import PushSumMass
+from gossip.averagers.neighbours import GossipAverager
 from gossip.errors import PeerTimeout
 from gossip.net.wire import Header, encode
 
@@ -73,11 +76,12 @@ FLOW_WINDOW = 1  # messages per link that may wait unanswered (gossip/averagers/
 CREDIT_BOUND = 4.0  # a step moves z by at most this many times what the optimizer did (weight below 1 / 4)
 
 
-class AsyncPushSum(SyncGossip):
+class AsyncPushSum(GossipAverager):
     takes_outer = False  # (its weights vary: ``outer.py``)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.mass = PushSumMass(self.flat, self._credit)  # w_i, the pushed snapshot, and the mix that completes it
         self._last_sent: dict[int, int] = {}  # out-neighbour -> the last round we queued a snapshot for it
         self.flow = FlowWindow(FLOW_WINDOW)
         self._said_bye: set[int] = set()  # peers told we send them nothing more (they finished, or we did)
@@ -85,17 +89,19 @@ class AsyncPushSum(SyncGossip):
         self.credited_steps = 0.0  # the steps our progress moved the network's mass by: sum of credit x steps
 
     @property
-    def adaptive(self) -> bool:  # (the mass mailbox, mass carried between mixing points, no anchored rounds)
-        return True
+    def weight(self) -> float:
+        """The push-sum weight w_i (checkpoints and traces read it)."""
+        return self.mass.weight
 
     def _make_mailbox(self) -> PushSumMailbox:
-        def expects(sender: int, round: int) -> bool:
-            return sender in self.topology.in_neighbors(self.rank, round)
+        return PushSumMailbox(self.rank, self.config.world_size, self.flat.layout, self._expects, self._share)
 
-        def share(sender: int, round: int) -> float:
-            return float(self.topology.mixing_matrix(round)[self.rank, sender])
-
-        return PushSumMailbox(self.rank, self.config.world_size, self.flat.layout, expects, share)
+    def _rejoin(self, found: bool, weight: float) -> None:
+        """Restarted (``--resume``): rejoin with our checkpoint's mass (without one, weight 1 and the mean of
+        the neighbours' models) in the latest round any live neighbour is in; the local step jumps with it."""
+        self.mass.weight = weight if found else 1.0
+        _, round = self._rejoin_round(found)
+        self._go_on_from(round)
 
     def _gossip(self) -> None:
         self._prune_dead()
@@ -106,16 +112,17 @@ class AsyncPushSum(SyncGossip):
         snapshot = self._complete_round(take_snapshot=True, final=False)
         if snapshot is None:  # the first mixing point: the steps so far go out with our whole mass, w = 1
             snapshot = self.flat.snapshot()
-            self.credited_steps += self.weight * (self.local_step - self._mixed_at[0])
+            self.credited_steps += self.mass.weight * (self.local_step - self._mixed_at[0])
         round = self.rounds
         dests = [k for k in self._live_out_neighbours(round) if k not in self.mailbox.bye_rounds]  # (finished)
         heard = {k: self.mailbox.received[k] for k in dests}  # (before sending: what arrives later is newer)
-        ready = [k for k in dests if self.flow.ready(k, heard[k], self._answers_us(k, round))]
-        pings = [k for k in ready if heard[k] == 0 and self._answers_us(k, round)]
+        answers = {k: self._expects(k, round) for k in dests}  # (k sends to us too)
+        ready = [k for k in dests if self.flow.ready(k, heard[k], answers[k])]
+        pings = [k for k in ready if heard[k] == 0 and answers[k]]
         # told we finished (a bye forged in our name): a massless message undoes that at once
         pings += [k for k in sorted(self.mailbox.take_contradicted()) if k in dests and k not in ready]
         sent = []  # the out-neighbours that got our mass
-        for weight, group in ((self.weight, [k for k in ready if k not in pings]), (0.0, pings)):
+        for weight, group in ((self.mass.weight, [k for k in ready if k not in pings]), (0.0, pings)):
             if group:
                 taken = self.transport.offer(group, self._snapshot_frames(round, snapshot, weight),
                                              self.config.send_timeout)
@@ -125,8 +132,22 @@ class AsyncPushSum(SyncGossip):
                     self._last_sent[dest] = round
         self.flow.hold(k for k in dests if k not in sent)
         column = self.topology.mixing_matrix(round)[:, self.rank]
-        keep = 1.0 - sum(float(column[k]) for k in sent)
-        self._pending = (round, snapshot, self.weight, keep)
+        self.mass.pushed(round, snapshot, 1.0 - sum(float(column[k]) for k in sent))
+
+    def _complete_round(self, take_snapshot: bool, final: bool) -> list[torch.Tensor] | None:
+        """Add everything that arrived to the pushed snapshot (``final``: first wait for every in-neighbour's
+        last message); optionally return the next snapshot, copied in the same pass."""
+        pending = self.mass.take_pending()
+        if pending is None:
+            return None
+        if final:
+            with self._timed_wait():
+                self.mailbox.wait_drained(self._peers_in_any_round(), self.config.round_timeout)
+        arrived = self.mass.take_arrived(self.mailbox)
+        with self._timed_mix():
+            snapshot = self.mass.mix(pending, arrived, snapshot=take_snapshot)
+        self.rounds = pending.round + 1
+        return snapshot
 
     def _credit(self, own_weight: float, total: float) -> float:
         """Every step is credited with mass 1, whatever our weight, as SGP steps x_i -= lr g: the network's
@@ -141,16 +162,6 @@ class AsyncPushSum(SyncGossip):
         self.credited_steps += credit * (self.local_step - self._mixed_at[0])
         return credit
 
-    def _answers_us(self, dest: int, round: int) -> bool:
-        return dest in self.topology.in_neighbors(self.rank, round)
-
-    def _receive(self, round: int, final: bool) -> list[tuple[float, list]]:
-        """Everything that arrived; at the end (``final``), first every in-neighbour's last message."""
-        if final:
-            with self._timed_wait():
-                self.mailbox.wait_drained(self._peers_in_any_round(), self.config.round_timeout)
-        return self._take_mass()
-
     def _finish(self) -> None:
         """Say bye to everyone we may have sent to, then drain: mix in every in-neighbour's last messages."""
         if self.config.world_size < 2:
@@ -159,8 +170,8 @@ class AsyncPushSum(SyncGossip):
         for dest in self._peers_in_any_round():
             if dest not in self.dead and dest not in self._said_bye:
                 self._say_bye(dest, "bye")
-        if self._pending is None:  # no mixing point yet: only what arrived is added
-            self._pending = (self.rounds - 1, None, self.weight, 1.0)
+        if self.mass.pending is None:  # no mixing point yet: only what arrived is added
+            self.mass.pushed(self.rounds - 1, None, 1.0)
         self._complete_round(take_snapshot=False, final=True)
 
     def _say_bye(self, dest: int, kind: str) -> None:
@@ -183,6 +194,7 @@ class AsyncPushSum(SyncGossip):
         return self.config.shutdown_timeout  # the byes must arrive: the neighbours wait for them
 
     def statistics(self) -> dict:
-        return {**super().statistics(), "received": sum(self.mailbox.received.values()),
-                "credit_bounded": self.credit_bounded, "credited_steps": self.credited_steps, "forged_byes": self.mailbox.forged_byes,
+        return {**super().statistics(), "weight": self.mass.weight, "last_mixed_rounds": self.mass.last_mixed_rounds,
+                "received": sum(self.mailbox.received.values()), "credit_bounded": self.credit_bounded,
+                "credited_steps": self.credited_steps, "forged_byes": self.mailbox.forged_byes,
                 "held_back": self.flow.statistics()}

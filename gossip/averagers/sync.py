@@ -11,7 +11,8 @@ adds what arrived, a message from j carrying the mass m_j = W_ij w_j^s:
 
     x_i = w_i^s z_i - (1 - W_ii) w_i^s s_i + sum_j m_j s_j,    w_i = W_ii w_i^s + sum_j m_j,    z_i = x_i / w_i
 
-The columns of W sum to one, so no mass is created or lost whichever round a message is mixed in:
+that is push-sum's rule (``PushSumMass.mix``, ``mass.py``) with the progress credited with c = w_i^s
+(``snapshot_credit``) and the share k = W_ii kept. The columns of W sum to one, so no mass is created or lost whichever round a message is mixed in:
 sum_i x_i / sum_i w_i moves only by local progress. With every message on time and every w = 1 (W doubly
 stochastic) this is exactly D-PSGD's z_i += sum_j W_ij (s_j - s_i), i.e. x <- W x per round.
 
@@ -67,47 +68,51 @@ import torch
 
 from gossip.aggregate import aggregate_into_
 from gossip.averagers.mailboxes import MassMailbox, RoundMailbox
+from gossip.averagers.mass import PushSumMass
 from gossip.averagers.neighbours import GossipAverager
 from gossip.averagers.sent import SentWeights
 from gossip.deadlines import ArrivalDeadlines
 from gossip.net.wire import encode, params_header
 
 
+def snapshot_credit(own_weight: float, total: float) -> float:
+    """The mass the local progress since our snapshot is credited with: the snapshot's weight w_i^s. In
+    lockstep every message is mixed one round after it was sent, so each unit of mass is credited with
+    exactly one step per round."""
+    return own_weight
+
+
 class SyncGossip(GossipAverager):
-    # (round, snapshot or None for the live weights, weight, kept share)
-    _pending: tuple[int, list[torch.Tensor] | None, float, float] | None = None
+    """gossip-sync: a round is sent at each mixing point (``_gossip``; ``_gossip_in_place`` without overlap) and
+    completed at the next by push-sum's rule (``_complete_round``). It has this many methods because the
+    whole round reads in this one class: what is sent and when it may change, the completion under both
+    deadlines, the adaptive waits, and the rejoin after a restart."""
+
     takes_outer = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         cfg = self.config
-        self.weight = 1.0  # push-sum weight w_i; the model holds z_i = x_i / w_i
+        self.mass = PushSumMass(self.flat, snapshot_credit)  # w_i, the pushed round, and the mix that completes it
+        self.sent = SentWeights(self.flat, cfg, self.rank)  # what went out, and the watch for writes to it
         self.late_mixed = 0  # messages mixed after the round they were sent for
         self.deadlines = ArrivalDeadlines(self.rank, cfg.deadline_k, cfg.deadline_floor, cfg.deadline_window,
                                           cfg.straggler_fraction, cfg.pace_tolerance)
         self._wait_started: dict[int, float] = {}  # round -> when we started waiting for it (adaptive)
-        self.sent = SentWeights(self.flat, cfg, self.rank)
-        self.last_mixed_rounds: dict[str, list[int]] = {}  # sender -> rounds of its messages the last mix took
+
+    @property
+    def weight(self) -> float:
+        """The push-sum weight w_i (checkpoints and traces read it)."""
+        return self.mass.weight
 
     @property
     def adaptive(self) -> bool:
         return self.config.deadline == "adaptive"
 
     def _make_mailbox(self) -> RoundMailbox | MassMailbox:
-        def expects(sender: int, round: int) -> bool:
-            return sender in self.topology.in_neighbors(self.rank, round)
-
-        def share(sender: int, round: int) -> float:
-            return float(self.topology.mixing_matrix(round)[self.rank, sender])
-
         if self.adaptive:
-            return MassMailbox(self.rank, self.config.world_size, self.flat.layout, expects, share)
-        # In lockstep on a fixed undirected graph a neighbour is at most one round ahead of us (it needs our
-        # message to finish each round); on a directed or time-varying one it can lead by as many rounds
-        # as the graph's diameter, at most N - 1.
-        lockstep = self.topology is None or not (self.topology.directed or self.topology.time_varying)
-        return RoundMailbox(self.rank, self.config.world_size, self.flat.layout, expects,
-                            window=2 if lockstep else max(2, self.config.world_size))
+            return MassMailbox(self.rank, self.config.world_size, self.flat.layout, self._expects, self._share)
+        return self._round_mailbox(self.flat.layout)
 
     def _gossip(self) -> None:
         if not self.config.overlap or self.outer is not None:  # (the outer step needs this round's weights)
@@ -121,19 +126,18 @@ class SyncGossip(GossipAverager):
         if not copy:
             self.sent.sent_live(self._send_snapshot(round, latest_only=False, snapshot=list(self.flat.views()),
                                                     weight=self.weight, track=True), self._copy_before_write)
-            self._pending = (round, None, self.weight, self._kept_share(round))
+            self.mass.pushed(round, None, self._kept_share(round))
             return
         if snapshot is None:  # the first round
             snapshot = self.flat.snapshot()
         self.sent.sent_snapshot(self._send_snapshot(round, latest_only=False, snapshot=snapshot, weight=self.weight,
                                                     track=self.flat.device.type == "cpu"))
-        self._pending = (round, snapshot, self.weight, self._kept_share(round))
+        self.mass.pushed(round, snapshot, self._kept_share(round))
 
     def _copy_before_write(self) -> None:
         """The weights sent uncopied are about to be written before the next mix: keep what was sent."""
-        if self._pending is not None and self._pending[1] is None:
-            round, _, weight, keep = self._pending
-            self._pending = (round, self.sent.copy_before_write(), weight, keep)
+        if self.mass.pending is not None and self.mass.pending.own is None:
+            self.mass.pending.own = self.sent.copy_before_write()
 
     def _gossip_in_place(self) -> None:
         """``overlap`` off: send this round's weights themselves (uncopied on the CPU), wait for the
@@ -144,14 +148,14 @@ class SyncGossip(GossipAverager):
         sent = list(self.flat.views()) if live else own
         self.sent.sent_live(self._send_snapshot(round, latest_only=False, snapshot=sent, weight=self.weight,
                                                 track=live))
-        self._pending = (round, own, self.weight, self._kept_share(round))
+        self.mass.pushed(round, own, self._kept_share(round))
         self._complete_round(take_snapshot=False, final=False)
 
     def _open_round(self) -> int:
         """Before sending round ``rounds``: drop dead neighbours, set this round's push-sum weight; the round."""
         self._prune_dead()
         if self.config.weight_by == "samples":
-            self.weight = float(self._represented_since_mix())
+            self.mass.weight = float(self._represented_since_mix())
         return self.rounds
 
     def _kept_share(self, round: int) -> float:
@@ -170,10 +174,8 @@ class SyncGossip(GossipAverager):
         neighbour in an earlier round J a massless message for each round J..R-1, which it is waiting for,
         so that it catches up, and drop what it sent us for those rounds; then go on in lockstep. The local
         step jumps with the round, so we end with the others (``gossip_every`` steps per round)."""
-        self.weight = weight if found else 1.0
-        first = self._rejoin_gossip(found)
-        rejoin = max((h.round for h in first.values()), default=self.rounds)
-        rejoin = max(rejoin, self.rounds)
+        self.mass.weight = weight if found else 1.0
+        first, rejoin = self._rejoin_round(found)
         if not self.adaptive:
             for j, header in first.items():
                 for round in range(header.round, rejoin):
@@ -183,10 +185,7 @@ class SyncGossip(GossipAverager):
                         self.transport.post([j], encode(header0, self.flat.snapshot()), latest_only=False,
                                             timeout=self.config.send_timeout)
             self.mailbox.anchor(rejoin)
-        self.rounds = self.mixing_points = self.resumed_at = rejoin
-        if self.config.schedule == "steps":
-            self.local_step = self.mailbox.local_step = max(self.local_step, rejoin * self.config.gossip_every)
-        self._mixed_at = (self.local_step, self.samples)
+        self._go_on_from(rejoin)
 
     def close(self, finish: bool = True) -> None:
         try:
@@ -197,58 +196,38 @@ class SyncGossip(GossipAverager):
     def _finish(self) -> None:
         if not self.config.overlap and self.adaptive and self.rounds > 0:
             # every round was mixed at its deadline; now wait for the late mass addressed to us (nothing sent)
-            self._pending = (self.rounds - 1, None, self.weight, 1.0)
+            self.mass.pushed(self.rounds - 1, None, 1.0)
         self._complete_round(take_snapshot=False, final=True)
 
     def _complete_round(self, take_snapshot: bool, final: bool) -> list[torch.Tensor] | None:
         """Add what arrived for the pending round (and, adaptive, any late mass; ``final``: all of it);
         optionally return the next snapshot, copied while the mixed weights are still in cache."""
-        if self._pending is None:
+        pending = self.mass.take_pending()
+        if pending is None:
             return None
-        round, own, own_weight, keep = self._pending
-        self._pending = None
-        arrived = self._receive(round, final=final)
+        arrived = self._receive(pending.round, final=final)
         if self.config.aggregate != "mean":  # z_i += agg(s_i, s_j...) - s_i, no push-sum mass (see the docstring)
-            models = [own] + [chunks for _, chunks in arrived]  # once each, whatever weight (even 0) it claims
+            models = [pending.own] + [chunks for _, chunks in arrived]  # once each, whatever weight (even 0) it claims
             with self._timed_mix():
                 aggregate_into_(list(self.flat.views()), models, self.config.aggregate, self.config.trim_fraction,
-                                relative_to=own)
+                                relative_to=pending.own)
                 if self.outer is not None:
                     self.outer.apply_()
                 snapshot = self.flat.snapshot() if take_snapshot else None
-            self.rounds = round + 1
+            self.rounds = pending.round + 1
             return snapshot
-        total = keep * own_weight + sum(mass for mass, _ in arrived)
         self.sent.release_live()
-        if total <= 0.0:  # no mass left to divide by (a weight that underflowed): z stays as it is
-            self.weight, self.rounds = 0.0, round + 1
-            return self.flat.snapshot() if take_snapshot else None
-        if own is None:  # we sent the live weights, so s_i = z_i: x_i = W_ii w_i z_i + sum_j m_j s_j
-            scale = keep * own_weight / total
-            terms = [(scale - 1.0, list(self.flat.views()))] if scale != 1.0 else []
-        else:  # x_i = c (z_i - s_i) + k w_i^s s_i + sum_j m_j s_j, the progress z_i - s_i credited with c
-            credit = self._credit(own_weight, total)
-            terms = [(credit / total - 1.0, list(self.flat.views()))] if credit != total else []
-            terms.append(((keep * own_weight - credit) / total, own))
-        terms += [(mass / total, chunks) for mass, chunks in arrived if mass > 0]
         # the next snapshot overwrites this one, block by block after reading it, once ZeroMQ has sent it:
         # no new model-sized allocation per round
         fuse = take_snapshot and self.outer is None  # (the outer step writes the weights after the mix)
-        into = own if fuse and own is not None and self.sent.snapshot_free(wait=not self.adaptive) else None
+        reuse = fuse and pending.own is not None and self.sent.snapshot_free(wait=not self.adaptive)
         with self._timed_mix():
-            snapshot = self.flat.combine_(terms, snapshot=fuse, into=into, release=[chunks for _, chunks in arrived])
-            if self.outer is not None:  # z_i is mixed; the outer step moves it (the weight w_i stays: mass is kept)
-                self.outer.apply_()
+            snapshot = self.mass.mix(pending, arrived, snapshot=fuse, into=pending.own if reuse else None)
+            if self.outer is not None and self.mass.weight > 0.0:
+                self.outer.apply_()  # z_i is mixed; the outer step moves it (the weight w_i stays: mass is kept)
                 snapshot = self.flat.snapshot() if take_snapshot else None
-        self.weight = total
-        self.rounds = round + 1
+        self.rounds = pending.round + 1
         return snapshot
-
-    def _credit(self, own_weight: float, total: float) -> float:
-        """The mass the local progress since our snapshot is credited with: the snapshot's weight w_i^s. In
-        lockstep every message is mixed one round after it was sent, so each unit of mass is credited with
-        exactly one step per round."""
-        return own_weight
 
     def _receive(self, round: int, final: bool) -> list[tuple[float, list[torch.Tensor]]]:
         """(mass, model chunks) of everything to add when completing ``round``."""
@@ -265,14 +244,7 @@ class SyncGossip(GossipAverager):
             else:
                 self._wait_deadlines(round, senders)
         self._note_arrivals(round)
-        return self._take_mass()
-
-    def _take_mass(self) -> list[tuple[float, list[torch.Tensor]]]:
-        """(mass, model chunks) of every message with mass the mailbox holds; notes their rounds per sender
-        (``last_mixed_rounds``: which snapshot of each neighbour this mixing point adds, for a replay)."""
-        taken = self.mailbox.take_all()
-        self.last_mixed_rounds = {str(j): held.rounds for j, held in sorted(taken.items()) if held.rounds}
-        return [part for held in taken.values() for part in held.parts]
+        return self.mass.take_arrived(self.mailbox)
 
     def _wait_deadlines(self, round: int, senders: tuple[int, ...]) -> None:
         start = self._wait_started[round] = time.monotonic()
@@ -309,12 +281,11 @@ class SyncGossip(GossipAverager):
         return counts
 
     def statistics(self) -> dict:
-        stats = {**super().statistics(), "weight": self.weight}
+        stats = {**super().statistics(), "weight": self.mass.weight}
         if self.config.overlap:
             stats["snapshot_copies"] = self.sent.copies
         stats["relocated"] = self.sent.relocated
-        if self.config.deadline == "adaptive":
-            stats.update(self.deadlines.statistics(), late_mixed=self.late_mixed)
         if self.adaptive:  # (push-sum mass, mixed whenever it comes)
-            stats["last_mixed_rounds"] = self.last_mixed_rounds
+            stats.update(self.deadlines.statistics(), late_mixed=self.late_mixed,
+                         last_mixed_rounds=self.mass.last_mixed_rounds)
         return stats
