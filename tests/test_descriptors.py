@@ -10,7 +10,7 @@ whether a first message from the victim over a new connection of its own arrived
 
 libzmq accepts in its own thread, faster than the victim's event loop can look at each connection, so
 the burst may fill the descriptor table for a moment; the second case makes that certain by keeping the
-loop busy for ``BUSY_SECONDS`` while the burst arrives. What the guard promises (gossip/net/inbound.py)
+loop busy for ``BUSY_SECONDS`` while the burst arrives. What the guard promises (gossip/net/guard.py)
 is that once the loop looks, it can cut whatever the table holds, and the headroom is back at once.
 """
 

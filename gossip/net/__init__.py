@@ -5,9 +5,9 @@
   every socket, composed of ``receiver`` (a ROUTER to receive), ``sender`` and ``outbox`` (a DEALER per
   neighbour behind a bounded queue; heartbeats, link monitors, emulated latency) and supervised tasks;
 - ``guard``: what a connection may cost (bytes parked in libzmq, in either direction; connection count;
-  descriptors); ``inbound`` names it as ``tests/test_inbound.py`` imports it;
-- ``loop``: the event-loop thread; ``sockets``: opening one; ``security``: CurveZMQ keys and the allow-list; ``address``: endpoints
-  and the same-host Unix socket.
+  descriptors);
+- ``loop``: the event-loop thread; ``sockets``: opening one; ``security``: CurveZMQ keys and the allow-list;
+  ``address``: endpoints and the same-host Unix socket.
 
 It imports nothing of ``gossip`` but ``gossip.errors`` and ``gossip.alloc``; the rest of the package
 reaches the network through ``gossip/connect.py`` (``build_transport``) and the mailboxes

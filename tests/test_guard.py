@@ -1,4 +1,4 @@
-"""The inbound guard's limits as the transport sets them, against the bound RELIABILITY.md states: per
+"""The connection guard's limits as the transport sets them, against the bound RELIABILITY.md states: per
 connection, 32 x ((4 + 2) largest messages + 64 KiB handshake + 64 B per heartbeat interval), and for our
 DEALERs' connections the handshake and heartbeats alone; a connection cut for descriptor headroom, through a
 descriptor held for it. Pure: the transport is built, never started; the descriptor checks run on plain
@@ -13,7 +13,7 @@ import pytest
 
 from gossip.connect import inbound_limits
 from gossip.net.address import dials
-from gossip.net.inbound import DescriptorPool, InboundGuard
+from gossip.net.guard import ConnectionGuard, DescriptorPool
 from gossip.net.transport import Transport, TransportConfig
 from gossip.net.wire import MAX_HEADER_BYTES
 from tests.hostile import victim_layout
@@ -44,7 +44,7 @@ def test_a_reused_descriptor_is_watched_only_if_it_is_the_connection_meant():
             with accepted:
                 assert dials(dealer_side, address) and not dials(accepted, address)
                 assert not dials(dealer_side, "tcp://127.0.0.2:" + address.rsplit(":", 1)[1])
-                guard = InboundGuard(0, 16)
+                guard = ConnectionGuard(0, 16)
                 guard.accepted(accepted.fileno(), lambda sock: dials(sock, address))
                 assert guard.connections == {}
                 guard.accepted(dealer_side.fileno(), lambda sock: dials(sock, address))
@@ -54,7 +54,7 @@ def test_a_reused_descriptor_is_watched_only_if_it_is_the_connection_meant():
 
 def test_a_connection_that_would_eat_into_the_reserve_is_cut_at_once_through_a_held_descriptor():
     pool = DescriptorPool(2)
-    guard = InboundGuard(1 << 20, 8, pool=pool, reserve=1 << 40)  # more than any process has: always short
+    guard = ConnectionGuard(1 << 20, 8, pool=pool, reserve=1 << 40)  # more than any process has: always short
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as client:
         accepted, _ = server.accept()
         with accepted:
@@ -68,7 +68,7 @@ def test_a_connection_that_would_eat_into_the_reserve_is_cut_at_once_through_a_h
 
 def test_the_guards_duplicates_live_in_held_descriptors():
     pool = DescriptorPool(1)
-    guard = InboundGuard(1 << 20, 8, pool=pool)
+    guard = ConnectionGuard(1 << 20, 8, pool=pool)
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()):
         accepted, _ = server.accept()
         with accepted:
