@@ -7,10 +7,12 @@ Every kind below must be dropped by the peer's validation and counted under the 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import math
 import random
 import socket
 import struct
+import termios
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -143,8 +145,8 @@ class Stranger:
             with sock:
                 if _zmtp_greet(sock):
                     sock.sendall(_zmtp_ready(b"DEALER") + _zmtp_burst(messages))
+                    _wait_acknowledged(sock)
                 _reset_on_close(sock)
-            time.sleep(0.2)
         return rounds
 
     def close(self) -> None:
@@ -191,6 +193,17 @@ def _zmtp_burst(messages: int) -> bytes:
     return _zmtp_frame(b"") * half + _zmtp_ping() + _zmtp_frame(b"") * (messages - half)
 
 
+def _wait_acknowledged(sock: socket.socket, timeout: float = 10) -> None:
+    """Wait until the other side's kernel has acknowledged every byte sent (the send queue, ``TIOCOUTQ``, is
+    empty), so that a reset that follows comes after the data instead of discarding it unsent."""
+    def unacknowledged() -> int:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)))[0]
+
+    deadline = time.monotonic() + timeout
+    while unacknowledged() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def _reset_on_close(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
@@ -207,7 +220,7 @@ def impostor_flood(listener: socket.socket, messages: int, timeout: float = 20) 
         conn.settimeout(timeout)
         if _zmtp_greet(conn):
             conn.sendall(_zmtp_ready(b"ROUTER") + _zmtp_burst(messages))
-            time.sleep(0.3)  # the burst is in before the reset
+            _wait_acknowledged(conn)
         _reset_on_close(conn)
 
 

@@ -382,15 +382,30 @@ def test_a_link_is_reported_up_however_late_the_monitor_starts(monkeypatch, ipc)
 _RECEIVER = """
 import sys, time
 from gossip.net.transport import Transport, TransportConfig
-eps = sys.argv[1:]
-received = []
+rounds, eps = int(sys.argv[1]), sys.argv[2:]
+received, accepted, still_open = [], [], set()
 transport = Transport(0, eps[0], eps, lambda identity, frames, connection: received.append(len(frames)),
                       TransportConfig(recv_queue=4))
+accept, close = transport.guard.accepted, transport.guard.closed  # told of each connection libzmq accepts and ends
+
+def on_accept(fd, *args, **kwargs):
+    accept(fd, *args, **kwargs)
+    accepted.append(fd)
+    still_open.add(fd)
+
+def on_close(fd):
+    close(fd)
+    still_open.discard(fd)
+
+transport.guard.accepted, transport.guard.closed = on_accept, on_close
 transport.start()
 print("listening", flush=True)
 sys.stdin.readline()
-time.sleep(0.5)  # what the attack left queued is read meanwhile
-print(len(received), flush=True)
+deadline = time.monotonic() + 20  # until libzmq has ended every connection: what the attack left queued is read
+while (len(accepted) < rounds or still_open) and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(len(received) if len(accepted) >= rounds and not still_open else f"still open: {sorted(still_open)}",
+      flush=True)
 transport.close()
 """
 
@@ -405,7 +420,7 @@ def test_a_burst_with_a_ping_then_a_reset_does_not_abort_the_receiver():
     eps = endpoints(2)
     stranger = Stranger(eps[0])
     try:
-        with _own_process(_RECEIVER, *eps) as receiver:
+        with _own_process(_RECEIVER, "5", *eps) as receiver:
             assert receiver.stdout.readline().strip() == "listening"
             assert stranger.flood_ping_reset(messages=1024, rounds=5) == 5, "the receiver stopped listening"
             stdout, stderr = receiver.communicate("done\n", timeout=30)
@@ -429,16 +444,19 @@ def _own_process(script: str, *args: str) -> Iterator[subprocess.Popen]:
 
 
 _SENDER = """
-import sys, time
+import sys, threading
 from gossip.net.transport import Transport
 eps = sys.argv[1:]
-transport = Transport(0, eps[0], eps, lambda identity, frames, connection: None)
+down = threading.Event()
+transport = Transport(0, eps[0], eps, lambda identity, frames, connection: None,
+                      on_link=lambda dest, up: None if up else down.set())
 transport.start()
 transport.post([1], [b"hello"], latest_only=False, timeout=5)  # connects to peer 1's address
 print("sent", flush=True)
 sys.stdin.readline()
-time.sleep(2.5)  # past the next heartbeats (1 s apart) on the connection the impostor reset
-print("alive", flush=True)
+# alive once libzmq has ended the connection the impostor reset (the old setting aborted at the next
+# heartbeat on it, 1 s apart, instead)
+print("alive" if down.wait(20) else "the reset connection was never ended", flush=True)
 transport.close(flush_timeout=0)
 """
 
