@@ -776,7 +776,7 @@ def _check_robust_degree(cfg: GossipConfig, topology: topologies.Topology) -> No
     """A robust rule outvotes one bad input among 3 or more: every peer needs 2 in-neighbours in every round."""
     for round in range(16 if topology.time_varying else 1):  # time-varying graphs keep their degree
         for rank in range(cfg.world_size):
-            if (degree := len(topology.in_neighbors(rank, round))) < 2:
+            if (degree := len(topology.in_neighbours(rank, round))) < 2:
                 raise ConfigError(f"--aggregate {cfg.aggregate} needs at least 2 neighbours per peer (3 inputs, so "
                                   f"that one can be outvoted); --topology {cfg.topology} with --nodes "
                                   f"{cfg.world_size} gives peer {rank} {degree} in round {round}")

@@ -167,9 +167,9 @@ def choco(start: np.ndarray, spec: str, rounds: int, codec: str, step: float = 1
         w = topology.mixing_matrix(round)
         for i in range(len(x)):
             shares = 0.0
-            for j in sorted(topology.in_neighbors(i, round)):
+            for j in sorted(topology.in_neighbours(i, round)):
                 replica = replicas.setdefault(j, torch.zeros_like(x[j]))  # every copy of x^_j is the same
-                if i == min(topology.in_neighbors(j, round)):
+                if i == min(topology.in_neighbours(j, round)):
                     add_decoded_(replica, codec, sent[j], scratch(len(replica), replica.dtype))
                 x[i].add_(replica, alpha=step * float(w[i, j]))
                 shares += float(w[i, j])

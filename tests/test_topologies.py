@@ -64,12 +64,12 @@ def test_weights_support_is_self_and_in_neighbours(topology: Topology) -> None:
         weights, adjacency = topology.mixing_matrix(round), topology.adjacency(round)
         np.testing.assert_array_equal(weights > 0, adjacency | np.eye(n, dtype=bool))
         for rank in range(n):
-            incoming, outgoing = topology.in_neighbors(rank, round), topology.out_neighbors(rank, round)
+            incoming, outgoing = topology.in_neighbours(rank, round), topology.out_neighbours(rank, round)
             assert incoming == tuple(j for j in range(n) if j != rank and weights[rank, j] > 0)
-            assert all(rank in topology.out_neighbors(j, round) for j in incoming)
-            assert all(rank in topology.in_neighbors(k, round) for k in outgoing)
-            assert topology.neighbors(rank, round) == tuple(sorted(set(incoming) | set(outgoing)))
-            assert topology.degree(rank, round) == len(topology.neighbors(rank, round))
+            assert all(rank in topology.out_neighbours(j, round) for j in incoming)
+            assert all(rank in topology.in_neighbours(k, round) for k in outgoing)
+            assert topology.neighbours(rank, round) == tuple(sorted(set(incoming) | set(outgoing)))
+            assert topology.degree(rank, round) == len(topology.neighbours(rank, round))
             if not topology.directed:
                 assert incoming == outgoing
 
@@ -134,10 +134,10 @@ def test_rank_and_round_are_validated(topology: Topology) -> None:
     n = topology.world_size
     for bad_rank in (n, -1, 1.5):
         with pytest.raises(ConfigError, match="out of range"):
-            topology.neighbors(bad_rank)
+            topology.neighbours(bad_rank)
     with pytest.raises(ConfigError, match="non-negative"):
         topology.mixing_matrix(-1)
-    assert topology.in_neighbors(np.int64(n - 1), np.int64(2)) == topology.in_neighbors(n - 1, 2)
+    assert topology.in_neighbours(np.int64(n - 1), np.int64(2)) == topology.in_neighbours(n - 1, 2)
 
 
 # -- per-topology facts ---------------------------------------------------------------------------
@@ -168,8 +168,8 @@ def test_torus_default_shape_is_the_squarest() -> None:
     assert [build("torus", n).spec for n in (4, 8, 12, 16, 7)] == [
         "torus:2x2", "torus:2x4", "torus:3x4", "torus:4x4", "torus:1x7"]
     torus = build("torus:2x4", 8)  # rank = row * cols + col
-    assert torus.neighbors(0) == (1, 3, 4)
-    assert torus.neighbors(5) == (1, 4, 6)
+    assert torus.neighbours(0) == (1, 3, 4)
+    assert torus.neighbours(5) == (1, 4, 6)
 
 
 @pytest.mark.parametrize("world_size", [4, 5, 8, 13, 16])
@@ -209,8 +209,8 @@ def test_exponential_peers_follow_powers_of_two() -> None:
     for round in range(7):
         shift = 2 ** (round % 3)
         for rank in range(8):
-            assert topology.in_neighbors(rank, round) == ((rank - shift) % 8,)
-            assert topology.out_neighbors(rank, round) == ((rank + shift) % 8,)
+            assert topology.in_neighbours(rank, round) == ((rank - shift) % 8,)
+            assert topology.out_neighbours(rank, round) == ((rank + shift) % 8,)
             assert topology.mixing_matrix(round)[rank, rank] == 0.5
             assert topology.degree(rank, round) == (1 if shift == 4 else 2)  # +4 and -4 are one peer
     assert not is_connected(topology.adjacency(1))  # offset 2 on 8 ranks: two 4-cycles
@@ -271,7 +271,7 @@ def test_exponential_is_a_permutation_average(world_size: int, round: int) -> No
     weights = topology.mixing_matrix(round)
     np.testing.assert_allclose(weights.sum(axis=0), 1.0, atol=TOL)
     np.testing.assert_allclose(weights.sum(axis=1), 1.0, atol=TOL)
-    assert all(len(topology.in_neighbors(rank, round)) == 1 for rank in (0, world_size - 1))
+    assert all(len(topology.in_neighbours(rank, round)) == 1 for rank in (0, world_size - 1))
 
 
 # -- registry and errors --------------------------------------------------------------------------
@@ -331,7 +331,7 @@ def test_register_adds_a_topology(monkeypatch: pytest.MonkeyPatch) -> None:
 
     path = build("path", 4)
     assert "path" in names() and repr(path) == "Topology('path', n=4)"
-    assert path.neighbors(0) == (1,) and path.neighbors(1) == (0, 2)
+    assert path.neighbours(0) == (1,) and path.neighbours(1) == (0, 2)
     np.testing.assert_allclose(path.mixing_matrix()[0], [2 / 3, 1 / 3, 0, 0])
     with pytest.raises(ValueError, match="already taken"):
         register("path")(type("OtherPath", (Path,), {}))

@@ -95,11 +95,11 @@ class Topology(abc.ABC):
         """Read-only n x n float64 doubly stochastic W for ``round``."""
         return self._matrices(round)[1]
 
-    def in_neighbors(self, rank: int, round: int = 0) -> tuple[int, ...]:
+    def in_neighbours(self, rank: int, round: int = 0) -> tuple[int, ...]:
         """Sorted ranks whose weights ``rank`` mixes in (``W[rank, j] > 0``, j != rank)."""
         return self._neighbours_of(rank, round, incoming=True)
 
-    def out_neighbors(self, rank: int, round: int = 0) -> tuple[int, ...]:
+    def out_neighbours(self, rank: int, round: int = 0) -> tuple[int, ...]:
         """Sorted ranks that need ``rank``'s weights (``W[k, rank] > 0``, k != rank)."""
         return self._neighbours_of(rank, round, incoming=False)
 
@@ -114,12 +114,12 @@ class Topology(abc.ABC):
             self._neighbours[key] = found
         return found
 
-    def neighbors(self, rank: int, round: int = 0) -> tuple[int, ...]:
+    def neighbours(self, rank: int, round: int = 0) -> tuple[int, ...]:
         """Sorted union of in- and out-neighbours."""
-        return tuple(sorted(set(self.in_neighbors(rank, round)) | set(self.out_neighbors(rank, round))))
+        return tuple(sorted(set(self.in_neighbours(rank, round)) | set(self.out_neighbours(rank, round))))
 
     def degree(self, rank: int, round: int = 0) -> int:
-        return len(self.neighbors(rank, round))
+        return len(self.neighbours(rank, round))
 
     def edges(self, round: int = 0) -> set[frozenset[int]] | set[tuple[int, int]]:
         """Undirected: ``{frozenset({i, j})}``. Directed: arcs ``(sender, receiver)``."""

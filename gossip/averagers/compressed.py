@@ -61,7 +61,7 @@ class CompressedGossip(GossipAverager):
         self.codec = self.config.compress
         self._frames_per_row = frames_per_row(self.codec)
         self.public = self._zeros()  # x^_i, per segment
-        neighbours = self.topology.in_neighbors(self.rank, 0) if self.topology is not None else ()  # (None: alone)
+        neighbours = self.topology.in_neighbours(self.rank, 0) if self.topology is not None else ()  # (None: alone)
         self.replicas = {j: self._zeros() for j in neighbours}  # x^_j
         # one row's work space per dtype of the public copies
         largest = max(scratch_numel(stop - start) for _, start, stop in self.flat.plan)
@@ -123,7 +123,7 @@ class CompressedGossip(GossipAverager):
         if self._pending is None:
             return
         round, self._pending = self._pending, None
-        senders = tuple(j for j in self.topology.in_neighbors(self.rank, round) if j not in self.dead)
+        senders = tuple(j for j in self.topology.in_neighbours(self.rank, round) if j not in self.dead)
         with self._timed_wait():
             messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
         for j in self.dead & self.replicas.keys():  # a dead neighbour's term is gone for good

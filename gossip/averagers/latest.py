@@ -128,7 +128,7 @@ class LatestGossip(GossipAverager):
                                          cfg.staleness_temperature, cfg.max_staleness)
         self.ignored_stale += len(neighbours) - len(coefs)
         robust = cfg.aggregate != "mean"  # each snapshot within max_staleness counts once, unweighted
-        live = [j for j in self.topology.in_neighbors(self.rank, self.rounds) if j not in self.dead]
+        live = [j for j in self.topology.in_neighbours(self.rank, self.rounds) if j not in self.dead]
         if robust and len(coefs) + 1 < MIN_INPUTS <= len(live) + 1:
             coefs = {}  # too few to outvote one, and more are coming: wait for them (gossip/aggregate.py)
         self.last_mix = {("aggregate" if robust else "self"): cfg.aggregate if robust else self_coef,

@@ -65,7 +65,7 @@ class GossipAverager(Averager):
 
     def _expects(self, sender: int, round: int) -> bool:
         """Is ``sender`` one of our in-neighbours in ``round``? (The mailbox files only their messages.)"""
-        return sender in self.topology.in_neighbors(self.rank, round)
+        return sender in self.topology.in_neighbours(self.rank, round)
 
     def _share(self, sender: int, round: int) -> float:
         """W_ij of ``round``: our share of the push-sum mass ``sender`` sent in that round."""
@@ -118,7 +118,7 @@ class GossipAverager(Averager):
         return self.rate_factor
 
     def _hello_peers(self) -> tuple[int, ...]:
-        return self.topology.neighbors(self.rank, 0) if self.config.world_size > 1 else ()
+        return self.topology.neighbours(self.rank, 0) if self.config.world_size > 1 else ()
 
     def _greet(self) -> None:
         """Say hello to every first-round neighbour and wait for theirs."""
@@ -241,7 +241,7 @@ class GossipAverager(Averager):
 
     def _live_out_neighbours(self, round: int) -> list[int]:
         """Whom we send to in ``round``: its out-neighbours not declared dead."""
-        return [k for k in self.topology.out_neighbors(self.rank, round) if k not in self.dead]
+        return [k for k in self.topology.out_neighbours(self.rank, round) if k not in self.dead]
 
 
 def byzantine_garbage(chunks: list[torch.Tensor], scale: float, seed: int) -> list[torch.Tensor]:

@@ -162,7 +162,7 @@ class SyncGossip(GossipAverager):
         """W_ii plus the shares of the out-neighbours we did not send to (dead): push-sum mass stays with us
         instead of vanishing, so the survivors' mass is conserved and their weights renormalise."""
         column = self.topology.mixing_matrix(round)[:, self.rank]
-        return float(column[self.rank]) + sum(float(column[k]) for k in self.topology.out_neighbors(self.rank, round)
+        return float(column[self.rank]) + sum(float(column[k]) for k in self.topology.out_neighbours(self.rank, round)
                                                if k in self.dead)
 
     def _prepare_rejoin(self) -> None:
@@ -179,7 +179,7 @@ class SyncGossip(GossipAverager):
         if not self.adaptive:
             for j, header in first.items():
                 for round in range(header.round, rejoin):
-                    if j in self.topology.out_neighbors(self.rank, round):
+                    if j in self.topology.out_neighbours(self.rank, round):
                         header0 = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes,
                                                 round=round, step=self.local_step, weight=0.0)
                         self.transport.post([j], encode(header0, self.flat.snapshot()), latest_only=False,
@@ -231,7 +231,7 @@ class SyncGossip(GossipAverager):
 
     def _receive(self, round: int, final: bool) -> list[tuple[float, list[torch.Tensor]]]:
         """(mass, model chunks) of everything to add when completing ``round``."""
-        senders = tuple(j for j in self.topology.in_neighbors(self.rank, round) if j not in self.dead)
+        senders = tuple(j for j in self.topology.in_neighbours(self.rank, round) if j not in self.dead)
         if not self.adaptive:
             with self._timed_wait():
                 messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
@@ -273,10 +273,10 @@ class SyncGossip(GossipAverager):
         """How many messages each in-neighbour sends us in rounds 0..last_round."""
         first = self.resumed_at or 0  # a rejoined peer counts from the round it rejoined in
         if not self.topology.time_varying:
-            return {sender: last_round + 1 - first for sender in self.topology.in_neighbors(self.rank, 0)}
+            return {sender: last_round + 1 - first for sender in self.topology.in_neighbours(self.rank, 0)}
         counts: dict[int, int] = {}
         for round in range(first, last_round + 1):
-            for sender in self.topology.in_neighbors(self.rank, round):
+            for sender in self.topology.in_neighbours(self.rank, round):
                 counts[sender] = counts.get(sender, 0) + 1
         return counts
 
