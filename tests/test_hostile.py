@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from gossip.connect import RECV_QUEUE
 from tests.conftest import free_base_port, reap_peers, start_launcher, wait_until
 from tests.hostile import attack, forged, victim_layout
 
@@ -50,7 +51,11 @@ def test_a_peer_under_fire_keeps_training_and_counts_every_drop(tmp_path):
     cuts = dropped.pop("cut-oversized", 0)
     assert set(dropped) <= set(sent) | {"field"}, (dropped, dict(sent))
     read = sum(dropped.values())
-    assert read == 11_000 or (cuts > 0 and read < 11_000), (cuts, dropped, dict(sent))
+    # A cut loses what the connection held in libzmq: more than the guard's limit of RECV_QUEUE + 2 of the
+    # largest messages the protocol allows, one of them perhaps incomplete, so at least RECV_QUEUE + 1 whole
+    # ones (no hostile message is larger); without a cut nothing is lost.
+    lost = 11_000 - read
+    assert (lost == 0) if cuts == 0 else (lost >= cuts * (RECV_QUEUE + 1)), (cuts, lost, dropped, dict(sent))
     assert dropped.get("header", 0) + dropped.get("field", 0) <= sent["header"], (dropped, dict(sent))
     for reason, count in sent.items():
         if reason != "header":
