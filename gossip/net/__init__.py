@@ -9,7 +9,8 @@
 - ``loop``: the event-loop thread; ``sockets``: opening one; ``security``: CurveZMQ keys and the allow-list;
   ``address``: endpoints and the same-host Unix socket.
 
-It imports nothing of ``gossip`` but ``gossip.errors`` and ``gossip.alloc``; the rest of the package
-reaches the network through ``gossip/connect.py`` (``build_transport``) and the mailboxes
-(``Mailbox.deliver`` is the transport's handler). ``tests/test_layout.py`` enforces both rules.
+It imports nothing of ``gossip`` but ``gossip.errors`` and ``gossip.alloc``. The rest of the package uses
+its pure parts (the wire format, addresses, keys) and gets its sockets from the one transport that
+``gossip/connect.py`` (``build_transport``) constructs, whose handler is a mailbox's ``deliver``.
+``tests/test_layout.py`` checks these rules.
 """
