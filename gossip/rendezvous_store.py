@@ -41,12 +41,9 @@ store): the peers then stop with one line rather than train in a swarm they did 
 Without ``--secure`` they can also change an endpoint between a peer's write and another's read (a
 TCPStore has no access control); the peer whose endpoint it is notices if it happens before it reads.
 
-torch logs every failed connection attempt and every timed-out ``wait`` with a C++ stack trace, so the
-port is probed before connecting and keys are polled with ``check``: a rendezvous that goes well prints
-nothing, and one that fails ends in one line of ours.
-
 The rendezvous is one sequence of store operations (agree, claim, sign, write once, read, check) whose
-order is the protocol; it reads best whole.
+order is the protocol; it reads best whole. The store itself (serving or dialling it, its keys, polling
+them, torch's errors translated into ours) is ``gossip/rendezvous_keys.py``'s.
 """
 
 from __future__ import annotations
@@ -59,21 +56,19 @@ import logging
 import os
 import re
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
-from gossip.errors import ConfigError, PeerFailed, PeerTimeout, PeerUnreachable
+from gossip.errors import ConfigError, PeerTimeout, PeerUnreachable
 from gossip.net.address import is_loopback, split_endpoint
 from gossip.net.security import CurveKeys, key_name, load_keys, shared_secret
 from gossip.rendezvous import Plan
+from gossip.rendezvous_keys import StoreKeys, shown
 
 log = logging.getLogger("gossip.rendezvous_store")
-POLL_SECONDS = 0.05
 MAX_WORLD_SIZE = 1 << 16
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
 
@@ -145,14 +140,6 @@ def check_run_name(name: str) -> str:
     return name
 
 
-def shown(value: str) -> str:
-    """A value read from the store, fit for one line of ours: as it is when short and printable, else
-    quoted and cut (someone else may have written it: none of their newlines or terminal escapes)."""
-    if len(value) <= 80 and value.isascii() and value.isprintable():
-        return value
-    return repr(value[:80]) + ("..." if len(value) > 80 else "")
-
-
 def _who(name: str) -> str:
     return "the server" if name == "server" else f"peer {name}"
 
@@ -196,68 +183,19 @@ class Tags:
 
 
 class StoreRendezvous:
-    """One peer's side of the exchange described in the module docstring."""
+    """One peer's side of the exchange described in the module docstring, over ``StoreKeys``."""
 
     def __init__(self, plan: Plan, timeout: float, bind: str = "", keydir: str = "") -> None:
         """``bind``: where the store this peer serves (``plan.host_store``) listens, which is where the peer
         binds; empty or 0.0.0.0: every interface. ``keydir``: ``--secure``'s, to sign and check entries."""
         self.plan = plan
-        self.deadline = time.monotonic() + timeout
-        self.timeout = timeout
-        self.bind = bind or "0.0.0.0"
         self.keydir = keydir
-        self.store: dist.TCPStore | None = None
+        self.keys = StoreKeys(plan, timeout, bind or "0.0.0.0")
+        self.where = self.keys.where  # how this peer reaches the store, for error lines
         self.joined = False
-        host, port = plan.store or ("", 0)
-        if plan.host_store:
-            host = "127.0.0.1" if self.bind == "0.0.0.0" else self.bind
-        self.where = f"{host}:{port}"  # how this peer reaches the store, for error lines
 
     def open(self) -> None:
-        host, port = self.plan.store
-        try:
-            if self.plan.host_store:
-                self.store = self._serve(port)
-            else:
-                self._wait_for_port(host, port)
-                self.store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=self._left()))
-        except dist.DistError as exc:
-            first = str(exc).splitlines()[0]
-            if self.plan.host_store:
-                raise PeerUnreachable(f"cannot serve the rendezvous store on port {port} ({first}); choose another "
-                                      "--rendezvous-port") from exc
-            raise PeerUnreachable(f"cannot join the rendezvous store at {host}:{port} ({first})") from exc
-
-    def _serve(self, port: int) -> dist.TCPStore:
-        """The store's server on a socket of ours, bound to ``self.bind``: torch's own binds every interface
-        whatever host it is given (its ``master_listen_fd`` takes a socket bound elsewhere)."""
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((self.bind, port))
-            listener.listen(socket.SOMAXCONN)
-        except OSError as exc:
-            listener.close()
-            hint = ("choose another --rendezvous-port" if exc.errno == errno.EADDRINUSE else
-                    f"{self.bind} is not an address of this host: check --bind and --announce")
-            raise PeerUnreachable(f"cannot serve the rendezvous store on {self.bind}:{port} ({exc.strerror}); "
-                                  f"{hint}") from exc
-        with listener:  # torch owns the duplicate and closes it with the store; ours closes here
-            return dist.TCPStore(self.where.rsplit(":", 1)[0], port, is_master=True, wait_for_workers=False,
-                                 timeout=timedelta(seconds=self.timeout), master_listen_fd=os.dup(listener.fileno()))
-
-    def _wait_for_port(self, host: str, port: int) -> None:
-        while True:
-            try:
-                socket.create_connection((host, port), timeout=min(2.0, max(0.1, self._left()))).close()
-                return
-            except socket.gaierror as exc:
-                raise ConfigError(f"cannot resolve the rendezvous host {host!r}: {exc.strerror}") from exc
-            except OSError:
-                if self._left() <= 0:
-                    raise PeerTimeout(f"nothing answered at {host}:{port} within {self.timeout:g} s "
-                                      "(--rendezvous-timeout); is the first peer (or rank 0) running there?") from None
-                time.sleep(0.2)
+        self.keys.open()
 
     def join(self, endpoint_of: Callable[[int], str], run: dict[str, Any], world_size: int | None,
              rank: int | None, server: bool, parameter_server: bool, run_name: str = "") -> Assignment:
@@ -279,22 +217,22 @@ class StoreRendezvous:
         if world_size is None:  # a joiner: the world size comes from a peer that published its flags first
             world_size = self._agree_world_size(world_size)
             held_run = self._agree_run(run)
-            run_name = check_run_name(self._compare_set("name", run_name))
+            run_name = check_run_name(self.keys.compare_set("name", run_name))
         else:  # flags and name before the world size, so a joiner waiting for the latter finds ours
             held_run = self._agree_run(run)
-            run_name = check_run_name(self._compare_set("name", run_name))
+            run_name = check_run_name(self.keys.compare_set("name", run_name))
             world_size = self._agree_world_size(world_size)
         tags = None
         if not server:
             if rank is None and self.plan.source == "join":  # after the first peer took the rank it wants
-                self._wait_keys(["claimed"], "the first peer did not take its rank")
+                self.keys.wait(["claimed"], "the first peer did not take its rank")
             if rank is not None and rank >= world_size:
                 raise ConfigError(f"rank {rank} is outside 0..{world_size - 1}: the swarm has {world_size} peers")
             if self.keydir and rank is not None:  # no key for the rank: fail before claiming it
                 tags = Tags(load_keys(self.keydir, rank, world_size, parameter_server), str(rank), world_size)
             rank = self._claim(rank, world_size)
         if self.plan.host_store:
-            self._set("claimed", "1")
+            self.keys.set("claimed", "1")
         me = "server" if server else str(rank)
         if self.keydir and tags is None:
             tags = Tags(load_keys(self.keydir, world_size if server else rank, world_size, parameter_server), me,
@@ -310,8 +248,8 @@ class StoreRendezvous:
             for reader, tag in tags.seal(f"endpoint/{me}", text, nonces).items():  # before the entry they sign
                 self._write_once(f"tag/{me}/{reader}", tag)
             entry = self._write_once(f"endpoint/{me}", text)
-        self._wait_keys([f"endpoint/{n}" for n in names], "peer(s) {missing} did not check in")
-        values = {n: self._get(f"endpoint/{n}") for n in names}
+        self.keys.wait([f"endpoint/{n}" for n in names], "peer(s) {missing} did not check in")
+        values = {n: self.keys.get(f"endpoint/{n}") for n in names}
         if values[me] != entry:
             raise ConfigError(f"endpoint/{me} in the store at {self.where} was overwritten by someone else (it now "
                               f"holds {shown(values[me])}; this peer announced {announced})")
@@ -324,8 +262,8 @@ class StoreRendezvous:
                 raise ConfigError(f"endpoint/{n} in the store at {self.where} holds {shown(str(endpoint))}, not "
                                   "tcp://HOST:PORT; someone else wrote it") from None
         values[me] = announced
-        if self._add("read", 1) == len(names):
-            self._set("done", "1")
+        if self.keys.add("read", 1) == len(names):
+            self.keys.set("done", "1")
         self.joined = True
         return Assignment(rank, world_size, tuple(values[str(r)] for r in range(world_size)), values.get("server", ""),
                           run_name)
@@ -333,29 +271,29 @@ class StoreRendezvous:
     def abort(self, reason: str) -> None:
         """This peer cannot go on: tell every peer still waiting here why (the first reason stays). Best
         effort: a store that is gone already has nobody waiting on it."""
-        if self.store is None:
+        if self.keys.store is None:
             return
         try:
-            self._compare_set("abort", " ".join(reason.split())[:400])
+            self.keys.compare_set("abort", " ".join(reason.split())[:400])
         except (PeerUnreachable, dist.DistError):
             pass
 
     def close(self) -> None:
         """Drop the store; the peer serving it first waits (briefly) until every peer has read."""
-        if self.store is not None and self.plan.host_store and self.joined:
+        if self.keys.store is not None and self.plan.host_store and self.joined:
             try:
-                self._wait_keys(["done"], "not every peer read the endpoints", limit=10.0)
+                self.keys.wait(["done"], "not every peer read the endpoints", limit=10.0)
             except PeerTimeout as exc:
                 log.warning("%s; closing the rendezvous store anyway", exc)
-        self.store = None
+        self.keys.close()
 
     # -- the steps -------------------------------------------------------------------------------------
     def _agree_world_size(self, world_size: int | None) -> int:
         if world_size is None:
-            self._wait_keys(["world_size"], "no peer said how many peers the swarm has (start the first one with "
-                            "--world-size N)")
-            return self._world_size(self._get("world_size"))
-        held = self._world_size(self._compare_set("world_size", str(world_size)))
+            self.keys.wait(["world_size"], "no peer said how many peers the swarm has (start the first one with "
+                           "--world-size N)")
+            return self._world_size(self.keys.get("world_size"))
+        held = self._world_size(self.keys.compare_set("world_size", str(world_size)))
         if held != world_size:
             raise ConfigError(f"this peer was started for a world of {world_size}, the swarm has {held}; "
                               "give every peer the same --world-size")
@@ -371,7 +309,7 @@ class StoreRendezvous:
         """Check our run flags against the swarm's; returns the swarm's as the store holds them."""
         mine = json.dumps(run, sort_keys=True)
         run = json.loads(mine)  # compared as JSON holds them: tuples come back as lists
-        text = self._compare_set("run", mine)
+        text = self.keys.compare_set("run", mine)
         try:
             held = json.loads(text)
         except ValueError:
@@ -389,7 +327,7 @@ class StoreRendezvous:
     def _claim(self, rank: int | None, world_size: int) -> int:
         token = f"{socket.gethostname()} pid {os.getpid()} ({os.urandom(4).hex()})"  # unique even per thread
         if rank is not None:
-            holder = self._compare_set(f"rank/{rank}", token)
+            holder = self.keys.compare_set(f"rank/{rank}", token)
             if holder != token:
                 raise ConfigError(f"rank {rank} is already taken by {shown(holder)}; give every peer its own --rank")
             return rank
@@ -398,13 +336,13 @@ class StoreRendezvous:
             mine = [r for r in range(world_size)
                     if os.path.isfile(os.path.join(private, f"{key_name(r, world_size)}.key_secret"))]
             for candidate in mine:
-                if self._compare_set(f"rank/{candidate}", token) == token:
+                if self.keys.compare_set(f"rank/{candidate}", token) == token:
                     return candidate
             raise ConfigError(f"no free rank whose secret key is in {private} (this host holds the keys of "
                               f"rank(s) {', '.join(map(str, mine)) or 'none'}, and those are taken); with --secure "
                               "a peer takes a rank whose key it has")
-        while (candidate := self._add("next", 1) - 1) < world_size:
-            if self._compare_set(f"rank/{candidate}", token) == token:
+        while (candidate := self.keys.add("next", 1) - 1) < world_size:
+            if self.keys.compare_set(f"rank/{candidate}", token) == token:
                 return candidate
         raise SwarmFull(f"the swarm already has its {world_size} peers; this one is one too many (a swarm "
                           "takes peers only while it forms)")
@@ -412,13 +350,13 @@ class StoreRendezvous:
     def _nonces(self, me: str, names: list[str]) -> dict[str, str]:
         """--secure: publish our fresh challenge and read everyone's."""
         self._write_once(f"nonce/{me}", os.urandom(16).hex())
-        self._wait_keys([f"nonce/{n}" for n in names], "peer(s) {missing} did not check in")
-        return {n: self._get(f"nonce/{n}") for n in names}
+        self.keys.wait([f"nonce/{n}" for n in names], "peer(s) {missing} did not check in")
+        return {n: self.keys.get(f"nonce/{n}") for n in names}
 
     def _read_signed(self, tags: Tags, writer: str, entry: str, nonce: str, agreed: str) -> str:
         """The endpoint in ``writer``'s signed entry, once its tag for us and its agreement are checked."""
         tag_key = f"tag/{writer}/{tags.me}"
-        tag = self._get(tag_key) if self._call(self.store.check, [self._key(tag_key)]) else None
+        tag = self.keys.get(tag_key) if self.keys.has(tag_key) else None
         tags.check(f"endpoint/{writer}", writer, entry, tag, nonce)
         try:
             held = json.loads(entry)
@@ -432,49 +370,8 @@ class StoreRendezvous:
 
     def _write_once(self, name: str, value: str) -> str:
         """Write ``name`` unless it is written; ConfigError when someone else's value is there."""
-        held = self._compare_set(name, value)
+        held = self.keys.compare_set(name, value)
         if held != value:
             raise ConfigError(f"{name} in the store at {self.where} was already written by someone else (it holds "
                               f"{shown(held)}): another peer took the same rank, or someone squats it")
         return value
-
-    # -- store access, errors translated ---------------------------------------------------------------
-    def _key(self, name: str) -> str:
-        return f"{self.plan.namespace}/{name}"
-
-    def _left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def _wait_keys(self, names: list[str], problem: str, limit: float | None = None) -> None:
-        """Poll until every key exists; PeerTimeout with ``problem`` ({missing}: the names still absent)."""
-        deadline = self.deadline if limit is None else time.monotonic() + limit
-        keys = [self._key(n) for n in names]
-        while not self._call(self.store.check, keys):
-            if self._call(self.store.check, [self._key("abort")]):
-                reason = self._get("abort")  # (someone else may have written it: shown whole only if plain)
-                raise PeerFailed(reason if reason.isascii() and reason.isprintable() and len(reason) <= 400
-                                 else shown(reason))
-            if time.monotonic() > deadline:
-                missing = [n.split("/")[-1] for n, k in zip(names, keys) if not self._call(self.store.check, [k])]
-                raise PeerTimeout(problem.format(missing=", ".join(missing)) +
-                                  (f" within {limit:g} s" if limit else f" within {self.timeout:g} s (--rendezvous-timeout)"))
-            time.sleep(POLL_SECONDS)
-
-    def _set(self, name: str, value: str) -> None:
-        self._call(self.store.set, self._key(name), value)
-
-    def _get(self, name: str) -> str:
-        return self._call(self.store.get, self._key(name)).decode(errors="replace")
-
-    def _add(self, name: str, amount: int) -> int:
-        return self._call(self.store.add, self._key(name), amount)
-
-    def _compare_set(self, name: str, value: str) -> str:
-        """Set ``name`` unless it is set; returns what it holds now."""
-        return self._call(self.store.compare_set, self._key(name), "", value).decode(errors="replace")
-
-    def _call(self, operation: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return operation(*args)
-        except dist.DistError as exc:
-            raise PeerUnreachable(f"the rendezvous store went away: {str(exc).splitlines()[0]}") from exc
