@@ -279,7 +279,7 @@ def test_a_welcome_counts_only_while_we_rejoin_and_only_when_it_answers_our_hell
     with pytest.raises(ProtocolError) as excinfo:
         box.deliver(None, welcome)
     assert excinfo.value.reason == "welcome" and box.first == {}
-    box.rejoining = True
+    box.rejoin.rejoining = True
     for guess in (0, box.nonce - 1, box.nonce + 1):  # one who never read our hello can only guess its nonce
         with pytest.raises(ProtocolError) as excinfo:
             box.deliver(None, encode(Header(kind="welcome", sender=1, round=90, step=90, nonce=guess)))
@@ -290,7 +290,7 @@ def test_a_welcome_counts_only_while_we_rejoin_and_only_when_it_answers_our_hell
 
 def test_a_welcome_that_answers_our_hello_takes_its_senders_name_back_from_a_stranger_that_spoke_first():
     box = push_sum_box()  # a new incarnation, rejoining: it has heard nobody yet
-    box.rejoining = True
+    box.rejoin.rejoining = True
     box.deliver(None, encode(Header(kind="hello", sender=1)), connection=9)  # a stranger is quicker than peer 1
     refused(box, forged_params(1, 3), connection=7)  # peer 1's connection is not the one that spoke first...
     box.deliver(None, encode(Header(kind="welcome", sender=1, round=5, step=5, nonce=box.nonce)), connection=7)

@@ -50,25 +50,7 @@ class GossipMailbox(Mailbox):
         self.nonce = self.rejoin.nonce  # this incarnation's, sent in our hellos: a welcome must echo it
         self.first = self.rejoin.first  # sender -> the header of its welcome
 
-    # -- rejoining (``gossip/rejoin.py``) ---------------------------------------------------------------
-    @property
-    def rejoining(self) -> bool:
-        """Welcomes are taken only while we rejoin."""
-        return self.rejoin.rejoining
-
-    @rejoining.setter
-    def rejoining(self, value: bool) -> None:
-        self.rejoin.rejoining = value
-
-    @property
-    def keep_first(self) -> bool:
-        """Rejoining without a checkpoint: also keep each welcoming sender's first model."""
-        return self.rejoin.keep_first
-
-    @keep_first.setter
-    def keep_first(self, value: bool) -> None:
-        self.rejoin.keep_first = value
-
+    # -- rejoining (``gossip/rejoin.py``: ``rejoin.rejoining``, ``rejoin.keep_first``) ------------------------
     def wait_first(self, senders: Iterable[int], timeout: float) -> dict[int, Header]:
         """Rejoining: wait up to ``timeout`` for the welcome of each of ``senders``, or for it to be dead; a
         sender we could not even connect to within ``peer_timeout`` has finished or died: no wait for it.
@@ -391,7 +373,8 @@ class LatestMailbox(GossipMailbox):
         if header.kind == "hello":
             return
         if not self.expects(header.sender, header.round):
-            raise ProtocolError("not-neighbour", f"peer {header.sender} is not our neighbour in its round {header.round}")
+            raise ProtocolError("not-neighbour",
+                                f"peer {header.sender} is not our neighbour in its round {header.round}")
         held = self._latest.get(header.sender)
         if header.kind == "bye":
             self.liveness.finished.add(header.sender)

@@ -133,12 +133,12 @@ class GossipAverager(Averager):
         (``found`` False) take the mean of the models they send next: a pull; with one and ``blend``, the
         mean of ours and theirs. Returns the welcomes."""
         peers = self._rejoin_peers()
-        self.mailbox.keep_first = not found or blend
-        self.mailbox.rejoining = True
+        self.mailbox.rejoin.keep_first = not found or blend
+        self.mailbox.rejoin.rejoining = True
         self.transport.post(peers, self._hello(), latest_only=False, timeout=self.config.send_timeout)
         with self._timed_wait():
             first = self.mailbox.wait_first(self._hello_peers(), self.config.round_timeout)
-        self.mailbox.rejoining = False
+        self.mailbox.rejoin.rejoining = False
         silent = set(self._hello_peers()) - first.keys()
         if silent:
             self.mailbox.declare_dead(silent)
@@ -147,7 +147,7 @@ class GossipAverager(Averager):
             self._pull(include_own=found)
             if self.outer is not None:  # the next outer step measures the change from the model we now hold
                 self.outer.reanchor()
-        self.mailbox.keep_first = False
+        self.mailbox.rejoin.keep_first = False
         log.info("peer %d rejoined: heard from peer(s) %s at rounds %s%s", self.rank,
                  ", ".join(map(str, sorted(first))) or "none", sorted({h.round for h in first.values()}),
                  "; took the mean of ours and theirs" if found and blend and first else
