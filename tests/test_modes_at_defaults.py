@@ -1,6 +1,6 @@
 """Every mode at its defaults, as a user starts it (``python -m launch --mode M``, 4 peers, digits): the
 model the mode produces (the server's, or the push-sum average of the copies) is as good as ps-sync's
-(DDP's update) in the same session and with the same seed, within TOLERANCE, as docs/choosing-a-mode.md
+(DDP's update) in the same pytest process and with the same seed, within TOLERANCE, as docs/choosing-a-mode.md
 says (gossip-async, whose one run varies more, clears a floor instead: ``FLOOR``). A default that breaks a
 mode (a server optimizer that compounds momentum with staleness, a gossip rule that drags the mean) lands
 below that, even where it stays above an absolute bar such as 0.92."""
@@ -21,11 +21,11 @@ TOLERANCE = 0.015  # accuracy, "within 1.5 points"
 # floor every healthy run of it clears instead; the 1.5 points hold for it on the mean over seeds.
 FLOOR = {"gossip-async": 0.92}
 MODES = ("ps-sync", *(m for m in GOSSIP_MODES + PS_MODES if m != "ps-sync"))  # ps-sync first: the others compare
-_accuracy: dict[str, float] = {}  # each mode's, as this session measured it
+_accuracy: dict[str, float] = {}  # each mode's, as this pytest process measured it
 
 
 def ps_sync_accuracy(launch_run) -> float:
-    """ps-sync's accuracy at the defaults: the one this session measured, else measured now."""
+    """ps-sync's accuracy at the defaults: the one this pytest process measured, else measured now."""
     if "ps-sync" not in _accuracy:
         summary = launch_run("--mode", "ps-sync", "--eval-every", "0", nodes=4, name="ps-sync").summary
         assert summary["error"] is None, summary["error"]
