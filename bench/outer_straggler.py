@@ -1,6 +1,6 @@
 """Decentralized DiLoCo with a straggler: does the outer step keep the fast peers busy?
 
-    python bench/outer_straggler.py                 # 8 peers on charlm, one four times slower; ~10 minutes
+    python bench/outer_straggler.py                 # 8 peers on charlm, one four times slower
     python bench/outer_straggler.py --rounds 4      # a quick look
 
 N peers train the ``charlm`` task at its recipe on one machine, one of them ``--slow`` times as fast

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import topologies
 from gossip.errors import ConfigError
 from gossip.net.address import bindable, check_host, parse_hosts, split_endpoint
+from gossip.net.limits import MAX_PROGRESS_PEERS
 from gossip.partition import parse_partition
 from gossip.recipes import OPTIMIZER_DEFAULTS, RECIPES, recipe
 
@@ -389,12 +390,9 @@ class RunConfig:
             raise ConfigError(f"--rate-compensation {self.gossip.rate_compensation} sets how an asynchronous mode "
                               f"counts a peer's steps by its rate; --mode {self.gossip.mode} is synchronous (every "
                               f"peer counts alike): use one of {', '.join(SWARM_BUDGET_MODES)}, or drop the flag")
-        if self.gossip.mode == "gossip-async":
-            from gossip.net.wire import MAX_PROGRESS_PEERS  # (here: the wire format loads torch)
-
-            if self.nodes > MAX_PROGRESS_PEERS:
-                raise ConfigError(f"gossip-async carries every peer's step count in each message: at most "
-                                  f"{MAX_PROGRESS_PEERS} peers, got {self.nodes}; use gossip-sync for more")
+        if self.gossip.mode == "gossip-async" and self.nodes > MAX_PROGRESS_PEERS:
+            raise ConfigError(f"gossip-async carries every peer's step count in each message: at most "
+                              f"{MAX_PROGRESS_PEERS} peers, got {self.nodes}; use gossip-sync for more")
         _check_int(self, "rounds", minimum=0)
         if self.max_restarts and self.gossip.compress != "none" and self.gossip.mode == "gossip-sync":
             raise ConfigError(f"--max-restarts cannot be combined with --compress {self.gossip.compress}: a restarted "

@@ -19,7 +19,7 @@ import topologies
 from gossip.compression import FLOAT16_MAX, add_decoded_, encode_difference_, scratch_numel
 from gossip.config import GossipConfig, RunConfig
 from gossip.errors import ConfigError, ProtocolError
-from gossip.net.wire import INT8_BLOCK, MAX_INT8_SCALE, Header, Layout, decode, encode, params_header
+from gossip.net.wire import INT8_BLOCK, MAX_INT8_SCALE, Header, Layout, decode, encode, frames_per_row, params_header
 from gossip.tasks.consensus import initial_vector
 from tests.conftest import consensus_distance as distance
 from tests.conftest import load_traces, vector_model
@@ -57,7 +57,7 @@ def replay(frames: list, codec: str) -> torch.Tensor:
     """What a receiver's replica becomes: zeros moved by the decoded message."""
     decoded = decode(frames, layout(codec), world_size=4)
     replica = torch.zeros(NUMEL)
-    per_row = 2 if codec == "int8" else 1
+    per_row = frames_per_row(codec)
     for index, (_, start, stop) in enumerate(layout(codec).frame_plan(CHUNK)):
         add_decoded_(replica[start:stop], codec, decoded.chunks[index * per_row:(index + 1) * per_row], scratch(NUMEL))
     return replica

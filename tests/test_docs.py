@@ -17,6 +17,7 @@ import pytest
 from launch.cli import build_parser
 from launch.flags import PER_PEER_DEFAULTS
 from tests.conftest import ROOT
+from tests.test_layout import file_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -466,12 +467,9 @@ def find_path(token: str) -> list[str] | None:
 
 
 def module_file(dotted: str) -> str | None:
-    file = ROOT / dotted.replace(".", "/")
-    if file.with_suffix(".py").is_file():
-        return str(file.with_suffix(".py").relative_to(ROOT))
-    if (file / "__init__.py").is_file():
-        return str((file / "__init__.py").relative_to(ROOT))
-    return None
+    """The repository path of module ``dotted`` (``test_layout.file_of``), or None."""
+    file = file_of(dotted)
+    return str(file.relative_to(ROOT)) if file is not None else None
 
 
 def defined_in(rel: str, name: str) -> bool:

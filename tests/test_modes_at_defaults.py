@@ -20,17 +20,18 @@ TOLERANCE = 0.015  # accuracy, "within 1.5 points"
 # 0.922-0.939 against ps-sync's 0.947 (seeds 1 and 2: within 0.3 points), so one run of it is held to the
 # floor every healthy run of it clears instead; the 1.5 points hold for it on the mean over seeds.
 FLOOR = {"gossip-async": 0.92}
+BAR = 0.92  # what every mode clears, ps-sync included (it is measured against itself otherwise)
 MODES = ("ps-sync", *(m for m in GOSSIP_MODES + PS_MODES if m != "ps-sync"))  # ps-sync first: the others compare
-_accuracy: dict[str, float] = {}  # each mode's, as this pytest process measured it
+_ps_sync: list[float] = []  # ps-sync's accuracy, once this pytest process measured it
 
 
 def ps_sync_accuracy(launch_run) -> float:
     """ps-sync's accuracy at the defaults: the one this pytest process measured, else measured now."""
-    if "ps-sync" not in _accuracy:
+    if not _ps_sync:
         summary = launch_run("--mode", "ps-sync", "--eval-every", "0", nodes=4, name="ps-sync").summary
         assert summary["error"] is None, summary["error"]
-        _accuracy["ps-sync"] = summary["accuracy"]
-    return _accuracy["ps-sync"]
+        _ps_sync.append(summary["accuracy"])
+    return _ps_sync[0]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -38,9 +39,10 @@ def test_every_mode_trains_digits_at_its_defaults_as_well_as_ps_sync(launch_run,
     run = launch_run("--mode", mode, "--eval-every", "0", nodes=4)
     summary = run.summary
     assert summary["error"] is None and math.isfinite(summary["final_model"]["loss"])
-    _accuracy.setdefault(mode, summary["accuracy"])
+    if mode == "ps-sync" and not _ps_sync:
+        _ps_sync.append(summary["accuracy"])
     reference = ps_sync_accuracy(launch_run)
-    bar = FLOOR.get(mode, reference - TOLERANCE)
+    bar = max(BAR, FLOOR.get(mode, reference - TOLERANCE))
     assert summary["accuracy"] >= bar, (mode, summary["accuracy"], "ps-sync", reference)
     steps = [p["steps"] for p in summary["peers"]]
     if mode in SWARM_BUDGET_MODES:  # they end together on the swarm's 4 x 300 steps: the server's count is

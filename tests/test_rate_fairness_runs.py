@@ -94,8 +94,8 @@ def test_gossip_async_reaches_the_mean_of_the_objectives_with_a_bias_in_proporti
 def test_the_asynchronous_servers_reach_the_mean_of_the_objectives_exactly(launch_run, mode, speeds):
     """The server's memory of each worker's latest gradient makes its fixed point the mean's minimiser at any
     learning rate, and its last iterate is that point: no bias to fall with the learning rate (measured
-    about 1e-16 in every mode and speed). A rate-weighted fixed point stays far above the bound (the test
-    below)."""
+    about 1e-16 in every mode and speed). A rate-weighted fixed point stays far above the bound
+    (``test_without_rate_compensation_a_slow_peer_counts_by_its_rate``)."""
     run = quadratic(launch_run, mode, speeds, LR, STEPS)
     assert error(run) < 1e-9, error(run)
     assert_the_swarm_spent_its_budget(run, speeds)
@@ -120,7 +120,8 @@ def test_with_a_slow_peer_the_asynchronous_modes_end_together(launch_run, mode):
 
 def test_without_rate_compensation_a_slow_peer_counts_by_its_rate(launch_run):
     """The rate-weighted fixed point that ``--rate-compensation off`` keeps: the error does not fall with the
-    learning rate (the guard that the test above can fail)."""
+    learning rate (the guard that ``test_the_asynchronous_servers_reach_the_mean_of_the_objectives_exactly``
+    can fail)."""
     fast = quadratic(launch_run, "ps-async", "slow", LR, STEPS, "--rate-compensation", "off", name="lr")
     slow = quadratic(launch_run, "ps-async", "slow", LR / 4, 4 * STEPS, "--rate-compensation", "off", name="lr4")
     assert error(slow) > error(fast) / 2 and error(slow) > 0.05, (error(fast), error(slow))

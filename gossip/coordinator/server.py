@@ -51,7 +51,6 @@ class ParameterServer:
     def __init__(self, cfg: RunConfig, out: Path, events: EventLog, connect: Connect | None = None) -> None:
         """``connect(mailbox)``: the link to the workers (``gossip/link.py``; default: ZeroMQ's)."""
         self.cfg = cfg
-        self.out = out
         self.config = cfg.gossip
         self.events = events
         self.workers = cfg.nodes
@@ -158,11 +157,6 @@ class ParameterServer:
     def save_checkpoint(self) -> None:
         """``ServerCheckpoint.save``: the weights, the core's state and the workers that joined."""
         self.checkpoints.save()
-
-    def validate_checkpoint(self, state: object, path: Path) -> None:
-        """``CheckpointError`` (one line: the file and what is wrong) unless ``state``, read from ``path``,
-        fits this server (checked before anything is loaded)."""
-        self.checkpoints.validate(state, path)
 
     def resume(self) -> None:
         """Continue from our newest usable checkpoint, if there is one (``ServerCheckpoint.resume``); workers

@@ -1,6 +1,7 @@
 """The network layer: the only code that touches ZeroMQ.
 
-- ``wire``: the message format (a msgpack header and raw tensor frames) and its validation;
+- ``wire``: the message format (a msgpack header and raw tensor frames) and its validation; ``limits``: the
+  header's bounds, readable without torch;
 - ``transport``: what the library sees of the network (``Transport``): one event loop per process owning
   every socket, composed of ``receiver`` (a ROUTER to receive), ``sender`` and ``outbox`` (a DEALER per
   neighbour behind a bounded queue; heartbeats, link monitors, emulated latency) and supervised tasks;

@@ -160,10 +160,12 @@ class Receiver:
         self.bytes_received += nbytes
         valid = False
         fd = identity.get(zmq.SRCFD)
-        if self.guard.serial(fd) is None:  # its accept event is queued already (sent before any message)
+        serial = self.guard.serial(fd)
+        if serial is None:  # its accept event is queued already (sent before any message)
             self.drain_events()
+            serial = self.guard.serial(fd)
         try:
-            self._handler(self._authenticated(identity), frames, self.guard.serial(fd))
+            self._handler(self._authenticated(identity), frames, serial)
             valid = True
         except ProtocolError as exc:
             self.dropped[exc.reason] += 1

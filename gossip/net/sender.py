@@ -89,8 +89,8 @@ class Sender:
 
     def put_claimed(self, dests: Sequence[int], frames: list[Any], delivery: Delivery | None,
                     posted_at: float) -> None:
+        item = (posted_at, frames, False, delivery)
         for dest in dests:
-            item = (posted_at, frames, False, delivery)
             try:
                 queue = self._outbox(dest).queue  # (forgotten since the claim: connects afresh, as a post would)
             except PeerUnreachable as exc:
@@ -107,6 +107,7 @@ class Sender:
             self._queued[dest] += 1
 
     def put_latest(self, dests: Sequence[int], frames: list[Any]) -> None:
+        latest = (time.monotonic(), frames, True, None)
         for dest in dests:
             queue = self._outbox(dest).queue
             kept = []
@@ -121,7 +122,7 @@ class Sender:
                 queue.put_nowait(item)
             for item in kept[queue.maxsize - 1:]:
                 settle(item[3], None)
-            queue.put_nowait((time.monotonic(), frames, True, None))
+            queue.put_nowait(latest)
             self._queued[dest] += 1
 
     async def put_waiting(self, dests: Sequence[int], frames: list[Any], delivery: Delivery | None,
@@ -129,10 +130,10 @@ class Sender:
         """Queue ``frames`` for each of ``dests`` in turn, waiting for room; False when ``failed`` (a task
         of the transport died, so a queue may never drain) came first and the rest was not queued."""
         queued = 0
+        item = (time.monotonic(), frames, False, delivery)
         try:
             for dest in dests:
                 queue = self._outbox(dest).queue
-                item = (time.monotonic(), frames, False, delivery)
                 if queue.full():  # wait for room, or for a task of ours to die (its queue may never drain)
                     put = asyncio.ensure_future(queue.put(item))
                     await asyncio.wait((put, failed), return_when=asyncio.FIRST_COMPLETED)

@@ -94,7 +94,6 @@ class Transport:
                  on_failure: Callable[[BaseException], None] | None = None,
                  on_closed: Callable[[int], None] | None = None) -> None:
         self.rank = rank
-        self.keys = config.keys
         self.bind_endpoint = bind
         self.endpoints = list(endpoints)
         self._on_failure = on_failure
@@ -257,7 +256,7 @@ class Transport:
         return {"bytes_sent": sent.bytes_sent, "bytes_received": received.bytes_received,
                 "messages_sent": sent.messages_sent, "messages_received": received.messages_received,
                 "replaced": sent.replaced,
-                "dropped": {**sent.dropped, **received.dropped,
+                "dropped": {**(sent.dropped + received.dropped),
                             **{f"cut-{reason}": n for reason, n in self.guard.cut.items()},
                             **{f"cut-outbound-{reason}": n for reason, n in self.outbound.cut.items()}},
                 "routes": {str(dest): route for dest, route in sorted(self.routes.items())},

@@ -24,12 +24,9 @@ import msgpack
 import torch
 
 from gossip.errors import ProtocolError
+from gossip.net.limits import MAX_HEADER_BYTES, MAX_PROGRESS_PEERS
 
 PROTOCOL_VERSION = 1
-MAX_HEADER_BYTES = 4096
-# gossip-async's headers carry a step count per peer (gossip/progress.py): at most 9 bytes each in msgpack,
-# so 256 of them leave room for the rest of a header
-MAX_PROGRESS_PEERS = 256
 MIN_CHUNK_BYTES = 64
 MAX_CHUNK_BYTES = 64 << 20
 MAX_INT = 1 << 53  # counters beyond this cannot be real; also keeps floats exact in logs
