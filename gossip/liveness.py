@@ -2,7 +2,7 @@
 
 A peer sends to us over one connection at a time. ``Liveness`` remembers which inbound connection each
 sender's latest message came on and which of those have closed, so that a second open connection speaking
-for the same rank is refused (``foreign_connection``, counted in ``foreign``). It follows our own links
+for the same rank is refused (``foreign_connection``; the mailbox counts each in ``foreign``). It follows our own links
 (``link``: up, down, how often each dropped), the neighbours declared dead and those that said bye, and
 from these tells who is dead (``dead``). A second hello is a restart only with proof that the old process
 is gone (``hello_again``); a restart is reported through the owner's ``restarted`` callback and kept until

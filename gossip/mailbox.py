@@ -20,14 +20,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gossip.errors import PeerFailed, PeerTimeout, ProtocolError, TransportError
-from gossip.liveness import CONFIRM_SECONDS, Liveness
+from gossip.liveness import Liveness
 from gossip.net.wire import Header, Layout, Message, decode
 from gossip.progress import SwarmProgress
 from gossip.rejoin import Rejoin
 from gossip.signals import raise_if_signalled
 from gossip.stops import Stops
 
-__all__ = ["CONFIRM_SECONDS", "Expects", "Mailbox", "check_claims", "impostors", "ranks_text"]
+__all__ = ["Expects", "Mailbox", "check_claims", "impostors", "ranks_text"]
 
 Expects = Callable[[int, int], bool]  # (sender, round) -> is sender one of our in-neighbours then
 
@@ -65,7 +65,6 @@ class Mailbox:
         self.peer_timeout = 3.0
         self.clock = time.monotonic  # liveness's clock (a test advances its own instead of sleeping)
         self.liveness = Liveness(self._restarted)
-        self.foreign = self.liveness.foreign  # sender -> messages in its name refused as another connection's
         # gossip: a neighbour's "abort", or its layout unlike ours, stops us; the welcomes that re-admit us
         self.stops, self.rejoin = stops, rejoin
 
@@ -189,7 +188,7 @@ class Mailbox:
         if missing:
             raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {ranks_text(missing)} within {timeout:g} s "
                               f"of starting (--startup-timeout); are they running, on the same --base-port?"
-                              f"{impostors(self.foreign, missing)}")
+                              f"{impostors(self.liveness.foreign, missing)}")
 
     def _block(self, timeout: float, registered: bool = False) -> None:
         """``_cond.wait`` (lock held), raising ``TransportError`` once the transport has failed, and

@@ -12,7 +12,7 @@ import torch
 from gossip.averagers.mailboxes import LatestMailbox, MassMailbox, PushSumMailbox
 from gossip.coordinator.mailboxes import PER_WORKER, QueueMailbox
 from gossip.errors import PeerFailed, PeerTimeout, ProtocolError
-from gossip.mailbox import CONFIRM_SECONDS
+from gossip.liveness import CONFIRM_SECONDS
 from gossip.net.wire import MAX_REASON_CHARS, Header, Layout, abort_header, encode, params_header
 from tests.conftest import wait_until
 
@@ -164,7 +164,7 @@ def test_a_message_at_the_horizon_over_a_strangers_connection_cannot_make_later_
     refused(box, forged_params(1, 100, weight=0.0), connection=9)  # massless, at the horizon: not peer 1's link
     refused(box, forged_params(1, 101, weight=0.0), connection=9)
     box.deliver(None, forged_params(1, 4), connection=7)  # peer 1's next genuine message is taken
-    assert box.latest_round == {1: 4} and box.foreign == {1: 2}
+    assert box.latest_round == {1: 4} and box.liveness.foreign == {1: 2}
     box.connection_closed(7)  # its link dropped: it reconnects, and the new connection speaks for it
     box.deliver(None, forged_params(1, 5), connection=11)
     refused(box, forged_params(1, 6), connection=7)  # (a closed connection is nobody's again)
@@ -275,17 +275,17 @@ def test_a_hello_is_a_restart_only_once_the_connection_of_the_senders_last_messa
 
 def test_a_welcome_counts_only_while_we_rejoin_and_only_when_it_answers_our_hello():
     box = push_sum_box()
-    welcome = encode(Header(kind="welcome", sender=1, round=5, step=5, nonce=box.nonce))
+    welcome = encode(Header(kind="welcome", sender=1, round=5, step=5, nonce=box.rejoin.nonce))
     with pytest.raises(ProtocolError) as excinfo:
         box.deliver(None, welcome)
-    assert excinfo.value.reason == "welcome" and box.first == {}
+    assert excinfo.value.reason == "welcome" and box.rejoin.first == {}
     box.rejoin.rejoining = True
-    for guess in (0, box.nonce - 1, box.nonce + 1):  # one who never read our hello can only guess its nonce
+    for guess in (0, box.rejoin.nonce - 1, box.rejoin.nonce + 1):  # one who never read our hello can only guess its nonce
         with pytest.raises(ProtocolError) as excinfo:
             box.deliver(None, encode(Header(kind="welcome", sender=1, round=90, step=90, nonce=guess)))
         assert excinfo.value.reason == "welcome-nonce"
     box.deliver(None, welcome)
-    assert box.first[1].round == 5
+    assert box.rejoin.first[1].round == 5
 
 
 def test_a_welcome_that_answers_our_hello_takes_its_senders_name_back_from_a_stranger_that_spoke_first():
@@ -293,20 +293,20 @@ def test_a_welcome_that_answers_our_hello_takes_its_senders_name_back_from_a_str
     box.rejoin.rejoining = True
     box.deliver(None, encode(Header(kind="hello", sender=1)), connection=9)  # a stranger is quicker than peer 1
     refused(box, forged_params(1, 3), connection=7)  # peer 1's connection is not the one that spoke first...
-    box.deliver(None, encode(Header(kind="welcome", sender=1, round=5, step=5, nonce=box.nonce)), connection=7)
-    assert box.first[1].round == 5  # ...but its welcome proves it: only who read our hello knows the nonce
+    box.deliver(None, encode(Header(kind="welcome", sender=1, round=5, step=5, nonce=box.rejoin.nonce)), connection=7)
+    assert box.rejoin.first[1].round == 5  # ...but its welcome proves it: only who read our hello knows the nonce
     box.deliver(None, forged_params(1, 6), connection=7)
     refused(box, forged_params(1, 7), connection=9)  # and the stranger's connection speaks for nobody now
 
 
 def test_a_welcome_echoes_the_nonce_of_the_hello_it_answers_and_each_incarnation_draws_its_own():
     box, other = push_sum_box(), push_sum_box()
-    assert 0 < box.nonce < 1 << 53 and box.nonce != other.nonce
+    assert 0 < box.rejoin.nonce < 1 << 53 and box.rejoin.nonce != other.rejoin.nonce
     assert box.nonce_of(1) == 0
-    box.deliver(None, encode(Header(kind="hello", sender=1, nonce=other.nonce)), connection=7)
-    assert box.nonce_of(1) == other.nonce
+    box.deliver(None, encode(Header(kind="hello", sender=1, nonce=other.rejoin.nonce)), connection=7)
+    assert box.nonce_of(1) == other.rejoin.nonce
     held(box, encode(Header(kind="hello", sender=1, nonce=12345)), connection=9)  # a stranger's: not taken
-    assert box.nonce_of(1) == other.nonce
+    assert box.nonce_of(1) == other.rejoin.nonce
     box.connection_closed(7)  # peer 1 restarted: its new incarnation's hello came first, its old connection closed
     assert box.take_restarted() == {1} and box.nonce_of(1) == 12345
 

@@ -29,7 +29,6 @@ Share = Callable[[int, int], float]  # (sender, round) -> W[us, sender] in that 
 class Received:
     message: Message
     arrival_step: int  # our own local step count when it arrived, for staleness
-    arrival_time: float
     final_step: int | None = None  # our local step when its sender said it was its last (a "bye")
 
     def staleness(self, local_step: int) -> int:
@@ -47,8 +46,6 @@ class GossipMailbox(Mailbox):
 
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
         super().__init__(rank, world_size, layout, expects, stops=Stops(), rejoin=Rejoin())
-        self.nonce = self.rejoin.nonce  # this incarnation's, sent in our hellos: a welcome must echo it
-        self.first = self.rejoin.first  # sender -> the header of its welcome
 
     # -- rejoining (``gossip/rejoin.py``: ``rejoin.rejoining``, ``rejoin.keep_first``) ------------------------
     def wait_first(self, senders: Iterable[int], timeout: float) -> dict[int, Header]:
@@ -121,7 +118,7 @@ class RoundMailbox(GossipMailbox):
         if header.kind == "hello":
             return
         if not self.anchored:  # rejoining: keep only what a sender sent after its welcome, from its round on
-            welcome = self.first.get(header.sender)
+            welcome = self.rejoin.first.get(header.sender)
             if welcome is None or header.round < welcome.round:
                 raise ProtocolError("before-rejoin", f"round {header.round} from peer {header.sender} was "
                                                      f"meant for our previous incarnation")
@@ -155,7 +152,7 @@ class RoundMailbox(GossipMailbox):
         if missing:
             raise PeerTimeout(f"peer {self.rank} waited {timeout:g} s for round {round} from peer(s) "
                               f"{ranks_text(missing)} (--round-timeout); did they stop or fall behind?"
-                              f"{impostors(self.foreign, missing)}")
+                              f"{impostors(self.liveness.foreign, missing)}")
         return self.take_round(round)
 
     def take_round(self, round: int) -> dict[int, Message]:
@@ -268,7 +265,7 @@ class MassMailbox(GossipMailbox):
                 elif now - last_change >= idle_timeout:
                     raise PeerTimeout(f"peer {self.rank} heard nothing from peer(s) {ranks_text(left)} for "
                                       f"{idle_timeout:g} s while waiting for their last messages (--round-timeout)"
-                                      f"{impostors(self.foreign, left)}")
+                                      f"{impostors(self.liveness.foreign, left)}")
                 self.raise_if_stopped(left)
                 self._block(min(0.5, idle_timeout - (now - last_change)))
 
@@ -385,14 +382,10 @@ class LatestMailbox(GossipMailbox):
             raise ProtocolError("replay", f"step {header.step} from peer {header.sender} is not newer than "
                                           f"the step {held.message.header.step} we hold")
         self.liveness.finished.discard(header.sender)  # (a forged bye is undone by the sender's next snapshot)
-        self._latest[header.sender] = Received(message, self.local_step, time.monotonic())
+        self._latest[header.sender] = Received(message, self.local_step)
 
     def latest(self) -> dict[int, Received]:
         """The newest snapshot of every sender that is not dead."""
         with self._cond:
             dead = self._dead()
             return {j: r for j, r in self._latest.items() if j not in dead}
-
-    def forget(self, sender: int) -> None:
-        with self._cond:
-            self._latest.pop(sender, None)

@@ -170,7 +170,7 @@ class GossipAverager(Averager):
 
     def _hello(self) -> list:
         """Our hello, with this incarnation's nonce: a neighbour's welcome must echo it."""
-        return encode(Header(kind="hello", sender=self.rank, nonce=self.mailbox.nonce))
+        return encode(Header(kind="hello", sender=self.rank, nonce=self.mailbox.rejoin.nonce))
 
     def _abort_peers(self) -> list[int]:
         return [peer for peer in self._rejoin_peers() if peer not in self.dead] if self.config.world_size > 1 else []

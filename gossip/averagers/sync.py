@@ -12,7 +12,8 @@ adds what arrived, a message from j carrying the mass m_j = W_ij w_j^s:
     x_i = w_i^s z_i - (1 - W_ii) w_i^s s_i + sum_j m_j s_j,    w_i = W_ii w_i^s + sum_j m_j,    z_i = x_i / w_i
 
 that is push-sum's rule (``PushSumMass.mix``, ``mass.py``) with the progress credited with c = w_i^s
-(``snapshot_credit``) and the share k = W_ii kept. The columns of W sum to one, so no mass is created or lost whichever round a message is mixed in:
+(``snapshot_credit``) and the share k kept: W_ii plus the shares of dead out-neighbours (``_kept_share``).
+The columns of W sum to one, so no mass is created or lost whichever round a message is mixed in:
 sum_i x_i / sum_i w_i moves only by local progress. With every message on time and every w = 1 (W doubly
 stochastic) this is exactly D-PSGD's z_i += sum_j W_ij (s_j - s_i), i.e. x <- W x per round.
 

@@ -82,7 +82,7 @@ class ReplyMailbox(Mailbox):
 
         if self._wait(missing, timeout):
             raise PeerTimeout(f"worker {self.rank} waited {timeout:g} s for the parameter server's weights "
-                              f"(--round-timeout); is the server running?{impostors(self.foreign, {self.server})}")
+                              f"(--round-timeout); is the server running?{impostors(self.liveness.foreign, {self.server})}")
         with self._cond:
             message, self._weights = self._weights, None
             self._acknowledged = False
