@@ -26,7 +26,7 @@ from gossip.tasks import build_task, context_for
 def time_size(layers: int, width: int, context: int, batch: int, steps: int, warmup: int,
               device: torch.device) -> dict:
     cfg = RunConfig(task="charlm", nodes=1, layers=layers, model_dim=width, heads=max(1, width // 32),
-                    context=context, batch_size=batch, gossip=GossipConfig(world_size=1))
+                    context=context, batch_size=batch, gossip=GossipConfig.of(world_size=1))
     task = build_task("charlm", context_for(cfg, 0, device))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):

@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # the launcher's own resolution of the recipe, so that "auto" means the same here as there
     args.run = RunConfig(nodes=args.nodes, task=args.task, steps=args.steps, lr=args.lr, momentum=args.momentum,
                          batch_size=args.batch_size, partition=args.partition,
-                         gossip=GossipConfig(world_size=args.nodes, seed=args.seed))
+                         gossip=GossipConfig.of(world_size=args.nodes, seed=args.seed))
     return args
 
 

@@ -11,7 +11,6 @@ Errors raised here name ``attach``'s keyword arguments, not the launcher's flags
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +19,7 @@ from torch import nn
 
 from gossip.averagers import Averager, averager_class
 from gossip.config import CoordinatorConfig, GossipConfig
-from gossip.errors import ConfigError, GossipError
+from gossip.errors import GossipError
 from gossip.flat import FlatParams
 from gossip.join import locate
 from gossip.naming import as_keywords
@@ -41,14 +40,11 @@ def attach(model: nn.Module, config: GossipConfig | None = None, coordinator: Co
     of ``optimizer.step()``.
     """
     try:
-        try:
-            config = dataclasses.replace(config or GossipConfig(), **overrides)
-        except TypeError as exc:
-            raise ConfigError(f"{exc}; see gossip.GossipConfig for the options") from exc
+        config = (config or GossipConfig()).replace(**overrides)
         given = set(overrides)
         if config.world_size > 1:  # a config made for a swarm says who it is
             given |= {"rank", "world_size"}
-        flat = FlatParams(model, config.chunk_bytes)
+        flat = FlatParams(model, config.network.chunk_bytes)
         config = locate(config, given, os.environ if environ is None else environ, flat.layout)
     except GossipError as exc:
         exc.args = (as_keywords(str(exc)),)

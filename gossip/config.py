@@ -1,45 +1,61 @@
 """Frozen configuration dataclasses: the single home of every default.
 
-``GossipConfig`` is what one peer's averager needs (``gossip.attach`` builds it from keyword arguments);
-``RunConfig`` is a whole local run as ``python -m launch`` describes it, holding a ``GossipConfig`` whose
-``rank`` is filled in per peer. The launcher's flags take their defaults from these fields, so a default
-is changed here and nowhere else. Each field that is a flag is described once, by its help in
-``launch/flags.py`` (``gossip-launch --help``); the comments here say only what that help does not.
+``GossipConfig`` is what one peer's averager needs, in the sections of ``gossip/sections.py``
+(``gossip.attach`` builds it from keyword arguments, ``GossipConfig.of``); ``CoordinatorConfig`` is the
+parameter server's; ``RunConfig`` is a whole local run as ``python -m launch`` describes it, holding a
+``GossipConfig`` whose ``rank`` is filled in per peer. The launcher's flags take their defaults from these
+fields, so a default is changed here and nowhere else. Each field that is a flag is described once, by its
+help in ``launch/flags.py`` (``gossip-launch --help``); the comments here say only what that help does not.
 
-Each field's default sits beside the check that refuses a bad value of it, so that neither is a file
-away from the other.
+Each field's default sits beside the check that refuses a bad value of it (``gossip/checks.py``), so that
+neither is a file away from the other; the checks that read several fields of a run are here too, with
+``USED_ONLY_IN``, which refuses a setting where the run would not read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import topologies
+from gossip.checks import (
+    MAX_WAIT_SECONDS,
+    check_auto_number,
+    check_choice,
+    check_int,
+    check_per_peer,
+    check_positive,
+    check_seconds,
+    flag_of,
+    is_real,
+)
 from gossip.errors import ConfigError
 from gossip.net.address import bindable, check_host, parse_hosts, split_endpoint
 from gossip.net.limits import MAX_PROGRESS_PEERS
 from gossip.partition import parse_partition
 from gossip.recipes import OPTIMIZER_DEFAULTS, RECIPES, recipe
+from gossip.sections import (
+    SECTIONS,
+    Asynchronous,
+    Bounds,
+    Compression,
+    Graph,
+    Network,
+    Robustness,
+    SyncRounds,
+    Timeouts,
+)
 
 GOSSIP_MODES = ("gossip-sync", "gossip-async")
 PS_MODES = ("ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")  # a parameter server and N workers
 MODES = GOSSIP_MODES + PS_MODES
 DERIVED_FIELDS = frozenset({"max_rounds", "max_steps", "max_weight"})  # GossipConfig fields RunConfig computes
-STALENESS_WEIGHTS = ("none", "inverse", "exp")
-RATE_COMPENSATION = ("on", "off")  # asynchronous modes: every peer's data counts alike, or by its rate
 SWARM_BUDGET_MODES = ("gossip-async", "ps-async", "ps-ssp", "ps-dcasgd")  # end on the swarm's steps, not each peer's
-ASYNC_RULES = ("push-sum", "latest")  # gossip-async: gossip/averagers/pushsum.py, gossip/averagers/latest.py
-SCHEDULES = ("steps", "time")
-WEIGHT_BY = ("none", "samples")
-DEADLINES = ("fixed", "adaptive")
-PARTNERS = ("any", "similar-speed")
-AGGREGATES = ("mean", "median", "trimmed-mean", "norm-clip")
 COORDINATE_WISE = ("median", "trimmed-mean")  # gossip/aggregate.py: gossip, ps-sync and ps-avg
 NORM_BOUNDED = ("ps-sync", "ps-async", "ps-ssp", "ps-dcasgd")  # norm-clip: gossip/coordinator/normbound.py
 
@@ -49,147 +65,113 @@ def robust_rules(mode: str) -> str:
     server that applies one gradient at a time has no median, only the norm bound."""
     return "norm-clip" if mode in ("ps-async", "ps-ssp", "ps-dcasgd") else "median or trimmed-mean"
 
-COMPRESS = ("none", "float16", "int8")  # gossip/compression.py
+
 OPTIMIZERS = ("sgd", "adamw")  # gossip/optim.py
 LR_SCHEDULES = ("constant", "cosine", "linear")
 OUTER_OPTIMIZERS = ("sgd", "nesterov")  # ps-avg's outer step: gossip/coordinator/averaging.py
-MiB = 1 << 20
 DEFAULT_NODES = 4
-# The longest wait a flag may ask for. Timeouts and sleeps end in threading, asyncio, time.sleep and
-# ZeroMQ, which refuse waits beyond their own limits (about 9.2e9 s, or 2^31 ms) with an OverflowError.
-MAX_WAIT_SECONDS = 604800.0  # one week
-# --peer-timeout also sets ZeroMQ's HEARTBEAT_TTL, which holds at most 6553.599 s (gossip/net/transport.py)
-MAX_PEER_TIMEOUT = 6553.0
 MAX_SEED = (1 << 32) - 1  # numpy's and torch's generators take any 32-bit seed; runs derive per-peer seeds from it
 MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # --speeds: a peer at speed s sleeps (1/s - 1) times its step's compute time
 
 
 @dataclass(frozen=True)
 class GossipConfig:
-    """How one peer exchanges and averages weights with its neighbours."""
+    """How one peer exchanges and averages weights with its neighbours: who it is (``rank`` of
+    ``world_size``), the ``mode``, and one section per concern (``gossip/sections.py``). ``of``, ``flat``
+    and ``replace`` name fields by their own names wherever they sit, as flags and ``attach`` keywords do."""
 
     rank: int = 0
     world_size: int = 1
-    topology: str = "ring"
     mode: str = "gossip-sync"
-    host: str = "127.0.0.1"
-    base_port: int = 47000
-    endpoints: tuple[str, ...] = ()  # one per rank; empty means tcp://host:(base_port + rank)
-    bind: str = ""  # empty: our endpoint's host if it is an IP address
-    server_endpoint: str = ""  # ps-* modes; empty means tcp://host:(base_port + world_size)
-    ipc: bool = True  # gossip/net/address.py
-    secure: str = ""  # KEYDIR (gossip/net/security.py): only the keys of this run's ranks are admitted
-    gossip_every: int = 1
-    schedule: str = "steps"
-    round_seconds: float = 0.5
-    weight_by: str = "none"  # "none": a mass of 1 per peer
-    deadline: str = "fixed"
-    overlap: bool = True
-    # Overlap copies the weights it sends only when they change before the next mix, as seen by a hook on
-    # optimizer steps and the forward pass (gossip/writes.py); a loop that writes them otherwise (in place
-    # through ``.data``, without a torch.optim optimizer) sets False to copy every round.
-    lazy_snapshot: bool = True
-    compress: str = "none"  # CHOCO-gossip of compressed differences (gossip/averagers/compressed.py)
-    consensus_step: float = 1.0  # CHOCO's gamma
-    deadline_k: float = 3.0
-    deadline_floor: float = 0.01  # loopback and scheduler jitter
-    deadline_window: int = 16
-    pace_tolerance: float = 0.5
-    straggler_fraction: float = 0.75
-    partners: str = "any"
-    peer_speeds: tuple[float, ...] = ()  # declared per-peer speeds (partners "similar-speed"); empty: all 1
-    link_latency_ms: tuple[float, ...] = ()
-    async_rule: str = "push-sum"
-    staleness_weight: str = "none"  # f(tau) = 1 (none), 1/(1+tau) (inverse), exp(-tau/T)
-    staleness_temperature: float = 4.0
-    max_staleness: int = 20
-    rate_compensation: str = "on"  # asynchronous modes: a step or gradient counts by rbar / r_i (gossip/progress.py)
-    aggregate: str = "mean"
-    trim_fraction: float = 0.2
-    byzantine: tuple[int, ...] = ()
-    byzantine_scale: float = 1e30  # uniform in [-scale, scale], capped at a tenth of the dtype's largest
-    chunk_mb: float = 8.0  # 8-16 MiB keeps glibc from mapping every frame anew
-    queue_depth: int = 8
-    round_timeout: float = 60.0  # seconds, like every timeout
-    peer_timeout: float = 3.0  # also ZeroMQ's heartbeat TTL (MAX_PEER_TIMEOUT)
-    startup_timeout: float = 120.0
-    send_timeout: float = 60.0
-    shutdown_timeout: float = 10.0
     seed: int = 0
-    # What no honest message of this run can exceed (0: unknown, e.g. a library user's config): the run's
-    # rounds and steps, and a push-sum weight. Set from the run's flags by RunConfig; a message that claims
-    # more is dropped (``gossip/mailbox.py``).
-    max_rounds: int = 0
-    max_steps: int = 0
-    max_weight: float = 0.0
+    graph: Graph = field(default_factory=Graph)
+    sync: SyncRounds = field(default_factory=SyncRounds)
+    asynchronous: Asynchronous = field(default_factory=Asynchronous)
+    compression: Compression = field(default_factory=Compression)
+    robust: Robustness = field(default_factory=Robustness)
+    network: Network = field(default_factory=Network)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    bounds: Bounds = field(default_factory=Bounds)
 
     def __post_init__(self) -> None:
-        _check_int(self, "world_size", minimum=1)
+        """The checks that read two sections, or a section and the world size; each section has checked
+        its own fields."""
+        check_int(self, "world_size", minimum=1)
         if isinstance(self.rank, bool) or not isinstance(self.rank, int):
             raise ConfigError(f"rank must be an integer, got {self.rank!r}")
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside 0..{self.world_size - 1}; ranks count from 0")
         if self.mode not in MODES:
             raise ConfigError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
-        if self.staleness_weight not in STALENESS_WEIGHTS:
-            raise ConfigError(
-                f"unknown staleness weight {self.staleness_weight!r}; choose one of: {', '.join(STALENESS_WEIGHTS)}"
-            )
-        _check_choice(self, "async_rule", ASYNC_RULES)
-        _check_choice(self, "rate_compensation", RATE_COMPENSATION)
-        if self.async_rule == "push-sum" and self.mode == "gossip-async" and self.staleness_weight != "none":
-            raise ConfigError(f"--staleness-weight {self.staleness_weight} weights held snapshots by age, which "
-                              "push-sum has none of (each message is mixed once, when it arrives); add "
+        check_int(self, "seed", minimum=0, maximum=MAX_SEED)
+        for name, kind in SECTIONS.items():
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"GossipConfig.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        graph, sync, asynchronous = self.graph, self.sync, self.asynchronous
+        if asynchronous.async_rule == "push-sum" and self.mode == "gossip-async" and \
+                asynchronous.staleness_weight != "none":
+            raise ConfigError(f"--staleness-weight {asynchronous.staleness_weight} weights held snapshots by age, "
+                              "which push-sum has none of (each message is mixed once, when it arrives); add "
                               "--async-rule latest to mix the latest snapshot of each neighbour by age instead")
-        _check_choice(self, "schedule", SCHEDULES)
-        _check_choice(self, "weight_by", WEIGHT_BY)
-        _check_choice(self, "deadline", DEADLINES)
-        _check_choice(self, "partners", PARTNERS)
-        if self.mode != "gossip-sync" and (self.weight_by != "none" or self.deadline != "fixed"):
+        if self.mode != "gossip-sync" and (sync.weight_by != "none" or sync.deadline != "fixed"):
             raise ConfigError("--weight-by samples and --deadline adaptive need --mode gossip-sync (gossip-async "
                               "never waits, and its push-sum mass already carries whatever arrives late)")
-        for name in ("overlap", "lazy_snapshot", "ipc"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if not self.overlap and self.mode != "gossip-sync":
+        if not sync.overlap and self.mode != "gossip-sync":
             raise ConfigError("--no-overlap applies to --mode gossip-sync (the other modes never wait for a round)")
-        if self.parameter_server and (self.schedule != "steps" or self.partners != "any"):
+        if self.parameter_server and (graph.schedule != "steps" or graph.partners != "any"):
             raise ConfigError("--schedule time and --partners apply to the gossip modes; the ps-* modes talk to "
                               "the server every step (ps-avg: every --local-steps steps)")
         _check_aggregate(self)
         _check_compress(self)
-        _check_int(self, "gossip_every", minimum=1)
-        _check_int(self, "deadline_window", minimum=3)
-        _check_positive(self, "deadline_k", "pace_tolerance")
-        _check_seconds(self, "round_seconds", "deadline_floor")
-        if not (_is_real(self.straggler_fraction) and 0 < self.straggler_fraction < 1):
-            raise ConfigError(f"--straggler-fraction must be in (0, 1), got {self.straggler_fraction!r}")
-        _check_per_peer(self, "peer_speeds", lambda v: 0 < v <= 1e6, "positive numbers")
-        _check_per_peer(self, "link_latency_ms", lambda v: 0 <= v <= 60_000, "milliseconds in 0..60000")
-        _check_int(self, "max_staleness", minimum=0)
-        _check_int(self, "queue_depth", minimum=1)
-        _check_ports(self)
-        _check_int(self, "seed", minimum=0, maximum=MAX_SEED)
-        _check_positive(self, "staleness_temperature")
-        _check_seconds(self, "round_timeout", "startup_timeout", "send_timeout", "shutdown_timeout")
-        _check_seconds(self, "peer_timeout", limit=MAX_PEER_TIMEOUT, why="ZeroMQ's heartbeat limit")
-        if not (_is_real(self.chunk_mb) and 0.0625 <= self.chunk_mb <= 64):
-            raise ConfigError(f"--chunk-mb {self.chunk_mb} is out of range; use a value in 0.0625..64 (8 is good)")
-        if self.endpoints and len(self.endpoints) != self.world_size:
-            raise ConfigError(f"{len(self.endpoints)} endpoints given for {self.world_size} peers; give one per peer")
-        for endpoint in self.endpoints + ((self.server_endpoint,) if self.server_endpoint else ()):
-            split_endpoint(endpoint)
-        check_host(self.host, "--host")
-        if self.bind:
-            check_host(self.bind, "--bind")
+        check_per_peer(graph, "peer_speeds", self.world_size, lambda v: 0 < v <= 1e6, "positive numbers")
+        check_per_peer(self.network, "link_latency_ms", self.world_size, lambda v: 0 <= v <= 60_000,
+                       "milliseconds in 0..60000")
+        _check_network(self)
         if self.world_size > 1 and not self.parameter_server:
             topology = self.build_topology()  # a bad spec fails here, before any socket opens
-            if self.aggregate != "mean":
+            if self.robust.aggregate != "mean":
                 _check_robust_degree(self, topology)
 
-    @property
-    def chunk_bytes(self) -> int:
-        return int(self.chunk_mb * MiB) // 64 * 64  # a multiple of every element size
+    @classmethod
+    def of(cls, **values: Any) -> GossipConfig:
+        """A config from fields named flat (``GossipConfig.of(world_size=4, compress="int8")``), each in
+        its section; the others keep their defaults."""
+        return cls().replace(**values) if values else cls()
+
+    def replace(self, **values: Any) -> GossipConfig:
+        """This config with the named fields changed, wherever they sit; an unknown name is refused."""
+        unknown = sorted(set(values) - set(SECTION_OF))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], SECTION_OF, n=1, cutoff=0.8)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"unknown option {unknown[0]!r}; {hint}see gossip.GossipConfig for the options")
+        top = {name: value for name, value in values.items() if SECTION_OF[name] is None}
+        for section in SECTIONS:
+            changed = {name: value for name, value in values.items() if SECTION_OF[name] == section}
+            if changed:
+                top[section] = dataclasses.replace(getattr(self, section), **changed)
+        return dataclasses.replace(self, **top)
+
+    def flat(self) -> dict[str, Any]:
+        """Every field by its own name, the sections' included (what ``of`` takes back)."""
+        values = {name: getattr(self, name) for name in TOP_FIELDS}
+        for section in SECTIONS:
+            values.update(dataclasses.asdict(getattr(self, section)))
+        return values
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GossipConfig:
+        """The config that ``dataclasses.asdict`` gave ``data`` (``config.json``): sections are dicts there,
+        and lists stand for tuples."""
+        data = dict(data)
+        sections = {}
+        for name, kind in SECTIONS.items():
+            given = dict(data.pop(name, {}))
+            for f in dataclasses.fields(kind):
+                if isinstance(f.default, tuple) and f.name in given:
+                    given[f.name] = tuple(given[f.name])
+            sections[name] = kind(**given)
+        return cls(**data, **sections)
 
     @property
     def parameter_server(self) -> bool:
@@ -200,7 +182,7 @@ class GossipConfig:
         """The run ends once the swarm has done ``--steps`` per peer on average (steps, or the server's
         gradients), not as each peer has done its own: the asynchronous modes under schedule "steps"
         (``gossip/progress.py``, ``gossip/coordinator/core.py``)."""
-        return self.mode in SWARM_BUDGET_MODES and self.schedule == "steps"
+        return self.mode in SWARM_BUDGET_MODES and self.graph.schedule == "steps"
 
     @property
     def server_rank(self) -> int:
@@ -209,9 +191,9 @@ class GossipConfig:
 
     def build_topology(self) -> topologies.Topology:
         """The topology every peer of this run builds, with partner classes when ``partners`` asks for them."""
-        topology = build_topology(self.topology, self.world_size)
-        if self.partners == "similar-speed":
-            speeds = self.peer_speeds or (1.0,) * self.world_size
+        topology = build_topology(self.graph.topology, self.world_size)
+        if self.graph.partners == "similar-speed":
+            speeds = self.graph.peer_speeds or (1.0,) * self.world_size
             try:
                 topology = topologies.prefer_similar(topology, topologies.speed_classes(speeds))
             except topologies.ConfigError as exc:
@@ -220,17 +202,31 @@ class GossipConfig:
 
     def endpoint(self, rank: int) -> str:
         """The ZeroMQ endpoint on which peer ``rank`` (or the server, ``server_rank``) receives."""
-        if rank == self.server_rank and self.server_endpoint:
-            return self.server_endpoint
-        if self.endpoints and rank < self.world_size:
-            return self.endpoints[rank]
-        return f"tcp://{self.host}:{self.base_port + rank}"
+        network = self.network
+        if rank == self.server_rank and network.server_endpoint:
+            return network.server_endpoint
+        if network.endpoints and rank < self.world_size:
+            return network.endpoints[rank]
+        return f"tcp://{network.host}:{network.base_port + rank}"
 
     def bind_endpoint(self, rank: int) -> str:
         """Where peer ``rank`` listens: its endpoint's port on ``bind``, by default on the endpoint's own
         address (ZeroMQ binds addresses, not names: a peer announced by name listens on every interface)."""
         host, port = split_endpoint(self.endpoint(rank))
-        return f"tcp://{self.bind or bindable(host)}:{port}"
+        return f"tcp://{self.network.bind or bindable(host)}:{port}"
+
+
+TOP_FIELDS = tuple(f.name for f in dataclasses.fields(GossipConfig) if f.name not in SECTIONS)
+# every field of GossipConfig by its own name, the sections' included: what a flag or an attach keyword sets
+GOSSIP_FIELDS: dict[str, dataclasses.Field[Any]] = {
+    **{f.name: f for f in dataclasses.fields(GossipConfig) if f.name not in SECTIONS},
+    **{f.name: f for kind in SECTIONS.values() for f in dataclasses.fields(kind)},
+}
+# ... -> the section that holds it (None: GossipConfig itself)
+SECTION_OF: dict[str, str | None] = {
+    **{name: None for name in TOP_FIELDS},
+    **{f.name: section for section, kind in SECTIONS.items() for f in dataclasses.fields(kind)},
+}
 
 
 @dataclass(frozen=True)
@@ -258,28 +254,28 @@ class CoordinatorConfig:
     outer_momentum: float | str = "auto"
 
     def __post_init__(self) -> None:
-        _check_auto_number(self, "server_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
-        _check_auto_number(self, "server_lr", lambda v: v > 0, "> 0")
+        check_auto_number(self, "server_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
+        check_auto_number(self, "server_lr", lambda v: v > 0, "> 0")
         if self.outer_optimizer not in OUTER_OPTIMIZERS:
             raise ConfigError(f"--outer-optimizer must be one of {', '.join(OUTER_OPTIMIZERS)}, got "
                               f"{self.outer_optimizer!r}")
-        _check_auto_number(self, "outer_lr", lambda v: v > 0 and math.isfinite(v), "> 0")
-        _check_auto_number(self, "outer_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
+        check_auto_number(self, "outer_lr", lambda v: v > 0, "> 0")
+        check_auto_number(self, "outer_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
         if self.outer_optimizer == "nesterov" and self.outer_momentum == 0:
             raise ConfigError("--outer-optimizer nesterov needs --outer-momentum > 0 (Nesterov's look-ahead is "
                               "the momentum); use --outer-optimizer sgd for none")
-        _check_int(self, "local_steps", minimum=1)
-        _check_int(self, "soft_sync", minimum=1)
-        _check_int(self, "staleness_bound", minimum=0)
+        check_int(self, "local_steps", minimum=1)
+        check_int(self, "soft_sync", minimum=1)
+        check_int(self, "staleness_bound", minimum=0)
         for name in ("staleness_lr", "dc_adaptive"):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{_flag(name)} is a switch (true or false), got {getattr(self, name)!r}")
-        if not (_is_real(self.dc_lambda) and math.isfinite(self.dc_lambda) and self.dc_lambda >= 0):
+                raise ConfigError(f"{flag_of(name)} is a switch (true or false), got {getattr(self, name)!r}")
+        if not (is_real(self.dc_lambda) and self.dc_lambda >= 0):
             raise ConfigError(f"--dc-lambda must be a number >= 0 (0 makes DC-ASGD plain ASGD), got {self.dc_lambda!r}")
-        if not (_is_real(self.dc_momentum) and 0 <= self.dc_momentum < 1):
+        if not (is_real(self.dc_momentum) and 0 <= self.dc_momentum < 1):
             raise ConfigError(f"--dc-momentum must be in [0, 1), got {self.dc_momentum!r}")
-        _check_positive(self, "dc_epsilon")
-        _check_int(self, "server_retries", minimum=0)
+        check_positive(self, "dc_epsilon")
+        check_int(self, "server_retries", minimum=0)
         if self.missing_worker not in ("fail", "continue"):
             raise ConfigError(f"--missing-worker must be fail or continue, got {self.missing_worker!r}")
 
@@ -327,22 +323,22 @@ class RunConfig:
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
 
     def __post_init__(self) -> None:
-        _check_int(self, "nodes", minimum=1)
+        check_int(self, "nodes", minimum=1)
         _resolve_recipe(self)
-        _check_int(self, "steps", minimum=1)
-        _check_int(self, "threads_per_peer", minimum=1)
-        _check_int(self, "batch_size", minimum=1)
-        _check_int(self, "dim", minimum=1)
-        _check_int(self, "eval_every", minimum=0)
+        check_int(self, "steps", minimum=1)
+        check_int(self, "threads_per_peer", minimum=1)
+        check_int(self, "batch_size", minimum=1)
+        check_int(self, "dim", minimum=1)
+        check_int(self, "eval_every", minimum=0)
         _check_training(self)
         _check_task_flags(self)
-        _check_int(self, "log_every", minimum=1)
-        _check_int(self, "trace_coords", minimum=1)
-        _check_int(self, "checkpoint_every", minimum=0)
-        _check_int(self, "max_restarts", minimum=0)
+        check_int(self, "log_every", minimum=1)
+        check_int(self, "trace_coords", minimum=1)
+        check_int(self, "checkpoint_every", minimum=0)
+        check_int(self, "max_restarts", minimum=0)
         if not (isinstance(self.device, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device)):
             raise ConfigError(f"--device {self.device!r} is not a device; use auto, cpu, cuda or cuda:I (e.g. cuda:1)")
-        if not (_is_real(self.compute_ms) and self.compute_ms >= 0):
+        if not (is_real(self.compute_ms) and self.compute_ms >= 0):
             raise ConfigError(f"--compute-ms {self.compute_ms} must be a finite number >= 0")
         if self.speeds:
             if len(self.speeds) != self.nodes:
@@ -350,7 +346,7 @@ class RunConfig:
                     f"--speeds lists {len(self.speeds)} values for {self.nodes} nodes; give one per node, e.g. "
                     + ",".join(["1"] * (self.nodes - 1) + ["0.25"])
                 )
-            bad = [s for s in self.speeds if not (_is_real(s) and 0 < s)]
+            bad = [s for s in self.speeds if not (is_real(s) and 0 < s)]
             if bad:
                 raise ConfigError(f"--speeds must be positive numbers (1 = full speed, 0.25 = 4x slower); got {bad[0]}")
             bad = [s for s in self.speeds if not MIN_SPEED <= s <= MAX_SPEED]
@@ -367,18 +363,19 @@ class RunConfig:
         if self.coordinator.soft_sync > self.nodes:
             raise ConfigError(f"--soft-sync {self.coordinator.soft_sync} exceeds the {self.nodes} workers; "
                               f"use 1..{self.nodes} (1 applies every gradient on arrival)")
-        outer = [_flag(n) for n in ("outer_lr", "outer_momentum") if getattr(self.coordinator, n) != "auto"]
+        outer = [flag_of(n) for n in ("outer_lr", "outer_momentum") if getattr(self.coordinator, n) != "auto"]
         if self.coordinator.outer_optimizer != "sgd":
             outer.insert(0, "--outer-optimizer")
-        if outer and self.gossip.mode == "gossip-sync" and self.gossip.compress != "none":
-            raise ConfigError(f"{outer[0]} with --compress {self.gossip.compress}: compressed gossip-sync mixes its "
+        compress = self.gossip.compression.compress
+        if outer and self.gossip.mode == "gossip-sync" and compress != "none":
+            raise ConfigError(f"{outer[0]} with --compress {compress}: compressed gossip-sync mixes its "
                               "neighbours' public copies (CHOCO), with no outer step; use one of the two, or ps-avg, "
                               "whose server takes both (DiLoCo with compressed pseudo-gradients)")
         if outer and self.gossip.mode not in ("ps-avg", "gossip-sync"):
             raise ConfigError(f"{' and '.join(outer)} set{'s' if len(outer) == 1 else ''} the outer step of ps-avg's "
                               f"server or of each gossip-sync peer, and --mode {self.gossip.mode} has none; use --mode "
                               "ps-avg or gossip-sync (DiLoCo: --outer-optimizer nesterov)")
-        given = [_flag(n) for n in ("server_lr", "server_momentum") if getattr(self.coordinator, n) != "auto"]
+        given = [flag_of(n) for n in ("server_lr", "server_momentum") if getattr(self.coordinator, n) != "auto"]
         if given and self.gossip.mode not in ("ps-sync", "ps-async", "ps-ssp", "ps-dcasgd"):
             who = "workers" if self.gossip.parameter_server else "peers"
             raise ConfigError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the parameter server's "
@@ -386,45 +383,46 @@ class RunConfig:
                               "optimizers with --lr and --momentum" +
                               ("; ps-avg's server steps with --outer-lr and --outer-momentum)"
                                if self.gossip.mode == "ps-avg" else ")"))
-        if self.gossip.rate_compensation != "on" and self.gossip.mode not in SWARM_BUDGET_MODES:
-            raise ConfigError(f"--rate-compensation {self.gossip.rate_compensation} sets how an asynchronous mode "
+        rates = self.gossip.asynchronous.rate_compensation
+        if rates != "on" and self.gossip.mode not in SWARM_BUDGET_MODES:
+            raise ConfigError(f"--rate-compensation {rates} sets how an asynchronous mode "
                               f"counts a peer's steps by its rate; --mode {self.gossip.mode} is synchronous (every "
                               f"peer counts alike): use one of {', '.join(SWARM_BUDGET_MODES)}, or drop the flag")
         if self.gossip.mode == "gossip-async" and self.nodes > MAX_PROGRESS_PEERS:
             raise ConfigError(f"gossip-async carries every peer's step count in each message: at most "
                               f"{MAX_PROGRESS_PEERS} peers, got {self.nodes}; use gossip-sync for more")
-        _check_int(self, "rounds", minimum=0)
-        if self.max_restarts and self.gossip.compress != "none" and self.gossip.mode == "gossip-sync":
-            raise ConfigError(f"--max-restarts cannot be combined with --compress {self.gossip.compress}: a restarted "
+        check_int(self, "rounds", minimum=0)
+        if self.max_restarts and compress != "none" and self.gossip.mode == "gossip-sync":
+            raise ConfigError(f"--max-restarts cannot be combined with --compress {compress}: a restarted "
                               "peer cannot rebuild its neighbours' copies of its public model")
-        if self.gossip.schedule == "time" and not self.rounds:
+        if self.gossip.graph.schedule == "time" and not self.rounds:
             raise ConfigError("--schedule time needs --rounds N: the run lasts N rounds of --round-seconds each, "
                               "and every peer does as many local steps as fit in a round")
-        if self.gossip.schedule == "time" and self.lr_schedule != "constant":
+        if self.gossip.graph.schedule == "time" and self.lr_schedule != "constant":
             raise ConfigError(f"--lr-schedule {self.lr_schedule} decays over the run's steps, which --schedule time "
                               "does not fix in advance; use --lr-schedule constant (a warm-up is allowed) or "
                               "--schedule steps")
         _check_unused(self)
-        object.__setattr__(self, "gossip", dataclasses.replace(self.gossip, **self._horizon()))
-        _check_per_peer(self, "link_mbit", lambda v: 0 <= v <= 1e6, "rates in Mbit/s >= 0 (0: unlimited)")
+        object.__setattr__(self, "gossip", dataclasses.replace(self.gossip, bounds=self._horizon()))
+        check_per_peer(self, "link_mbit", self.nodes, lambda v: 0 <= v <= 1e6, "rates in Mbit/s >= 0 (0: unlimited)")
 
-    def _horizon(self) -> dict[str, Any]:
+    def _horizon(self) -> Bounds:
         """The bounds of GossipConfig's ``max_*`` fields for this run. A push-sum weight is at most the
         network's whole mass: N, or with ``--weight-by samples`` N times the samples of a round (under
         schedule "time" a round's steps are not known in advance, so that weight is left unbounded)."""
-        by_steps = self.gossip.schedule == "steps"
+        by_steps = self.gossip.graph.schedule == "steps"
         weight = float(self.nodes)
-        if self.gossip.weight_by == "samples":
-            weight = float(self.nodes * self.batch_size * self.gossip.gossip_every) if by_steps else 0.0
+        if self.gossip.sync.weight_by == "samples":
+            weight = float(self.nodes * self.batch_size * self.gossip.graph.gossip_every) if by_steps else 0.0
         # a swarm-wide budget lets one peer do all the swarm's steps (the others died, or are that much slower)
         share = self.nodes if self.gossip.swarm_budget else 1
-        return {"max_rounds": self.total_rounds * share, "max_steps": self.steps * share if by_steps else 0,
-                "max_weight": weight}
+        return Bounds(max_rounds=self.total_rounds * share, max_steps=self.steps * share if by_steps else 0,
+                      max_weight=weight)
 
     @property
     def total_rounds(self) -> int:
         """Mixing rounds every peer does: ``rounds`` under schedule "time", else steps // gossip_every."""
-        return self.rounds if self.gossip.schedule == "time" else self.steps // self.gossip.gossip_every
+        return self.rounds if self.gossip.graph.schedule == "time" else self.steps // self.gossip.graph.gossip_every
 
     def speed(self, rank: int) -> float:
         return self.speeds[rank] if self.speeds else 1.0
@@ -438,15 +436,12 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         data = dict(data)
-        gossip_data = dict(data.pop("gossip", {}))
-        gossip_data["endpoints"] = tuple(gossip_data.get("endpoints", ()))
         for name in ("speeds", "link_mbit", "betas"):
             if name in data:
                 data[name] = tuple(data[name])
-        for name in ("peer_speeds", "link_latency_ms", "byzantine"):
-            gossip_data[name] = tuple(gossip_data.get(name, ()))
+        gossip = GossipConfig.from_dict(data.pop("gossip", {}))
         coordinator = CoordinatorConfig(**data.pop("coordinator", {}))
-        return cls(**data, gossip=GossipConfig(**gossip_data), coordinator=coordinator)
+        return cls(**data, gossip=gossip, coordinator=coordinator)
 
 
 @dataclass(frozen=True)
@@ -467,10 +462,10 @@ class RendezvousConfig:
     remote_python: str = ""
 
     def __post_init__(self) -> None:
-        _check_int(self, "rank", minimum=-1)
-        _check_int(self, "world_size", minimum=0, flag="--world-size")
-        _check_int(self, "rendezvous_port", minimum=0, maximum=65535)
-        _check_seconds(self, "rendezvous_timeout")
+        check_int(self, "rank", minimum=-1)
+        check_int(self, "world_size", minimum=0, flag="--world-size")
+        check_int(self, "rendezvous_port", minimum=0, maximum=65535)
+        check_seconds(self, "rendezvous_timeout")
         if self.rank >= 0 and self.world_size and self.rank >= self.world_size:
             raise ConfigError(f"--rank {self.rank} is outside 0..{self.world_size - 1}; ranks count from 0")
         if self.announce:
@@ -502,7 +497,7 @@ def recipe_values(task: str, optimizer: str, steps: int, lr: float) -> dict[str,
             "eval_every": chosen.eval_every, "lr": usual.get("lr", chosen.lr),
             "weight_decay": usual.get("weight_decay", chosen.weight_decay), "lr_schedule": chosen.lr_schedule,
             "warmup_steps": round(chosen.warmup_fraction * steps) if isinstance(steps, int) else 0,
-            "min_lr": chosen.min_lr_fraction * lr if _is_real(lr) else 0.0}
+            "min_lr": chosen.min_lr_fraction * lr if is_real(lr) else 0.0}
 
 
 def _resolve_recipe(cfg: RunConfig) -> None:
@@ -510,7 +505,7 @@ def _resolve_recipe(cfg: RunConfig) -> None:
     given as a string (as a flag gives it) becomes a number."""
     if cfg.optimizer == "auto":
         object.__setattr__(cfg, "optimizer", recipe(cfg.task).optimizer)
-    _check_choice(cfg, "optimizer", OPTIMIZERS)
+    check_choice(cfg, "optimizer", OPTIMIZERS)
     first = recipe_values(cfg.task, cfg.optimizer, 0, 0.0)
     _resolve_auto(cfg, "steps", int, first["steps"])
     _resolve_auto(cfg, "lr", float, first["lr"])
@@ -530,7 +525,7 @@ def _resolve_auto(cfg: Any, name: str, kind: type, default: int | float) -> None
             value = default if text == "auto" else kind(text) if kind is float else int(text)
         except ValueError:
             what = "an integer" if kind is int else "a number"
-            raise ConfigError(f"{_flag(name)} must be {what} or auto, got {getattr(cfg, name)!r}") from None
+            raise ConfigError(f"{flag_of(name)} must be {what} or auto, got {getattr(cfg, name)!r}") from None
     elif kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     object.__setattr__(cfg, name, value)
@@ -538,17 +533,17 @@ def _resolve_auto(cfg: Any, name: str, kind: type, default: int | float) -> None
 
 def _check_training(cfg: RunConfig) -> None:
     """The optimizer, its schedule and the partition: each a value that means something."""
-    _check_positive(cfg, "lr")
-    if not (_is_real(cfg.momentum) and 0 <= cfg.momentum < 1):
+    check_positive(cfg, "lr")
+    if not (is_real(cfg.momentum) and 0 <= cfg.momentum < 1):
         raise ConfigError(f"--momentum {cfg.momentum} must be in [0, 1)")
     betas = cfg.betas
-    if not (isinstance(betas, tuple) and len(betas) == 2 and all(_is_real(b) and 0 <= b < 1 for b in betas)):
+    if not (isinstance(betas, tuple) and len(betas) == 2 and all(is_real(b) and 0 <= b < 1 for b in betas)):
         raise ConfigError(f"--betas must be two numbers in [0, 1), e.g. 0.9,0.999; got {cfg.betas!r}")
-    if not (_is_real(cfg.weight_decay) and cfg.weight_decay >= 0):
+    if not (is_real(cfg.weight_decay) and cfg.weight_decay >= 0):
         raise ConfigError(f"--weight-decay must be a number >= 0, got {cfg.weight_decay!r}")
-    _check_choice(cfg, "lr_schedule", LR_SCHEDULES)
-    _check_int(cfg, "warmup_steps", minimum=0)
-    if not (_is_real(cfg.min_lr) and 0 <= cfg.min_lr <= cfg.lr):
+    check_choice(cfg, "lr_schedule", LR_SCHEDULES)
+    check_int(cfg, "warmup_steps", minimum=0)
+    if not (is_real(cfg.min_lr) and 0 <= cfg.min_lr <= cfg.lr):
         raise ConfigError(f"--min-lr must be in 0..--lr ({cfg.lr:g}), got {cfg.min_lr!r}")
     if cfg.optimizer == "adamw" and cfg.momentum != 0.9:
         raise ConfigError("--momentum is SGD's; AdamW's momentum is the first of --betas (e.g. --betas 0.9,0.999)")
@@ -564,10 +559,10 @@ def _check_task_flags(cfg: RunConfig) -> None:
     if partition.rule not in rules:
         raise ConfigError(f"--partition {partition.spec} does not apply to --task {cfg.task}; use "
                           f"{' or '.join(r + (':ALPHA' if r == 'dirichlet' else '') for r in rules)}")
-    _check_int(cfg, "context", minimum=1, maximum=1 << 16)
+    check_int(cfg, "context", minimum=1, maximum=1 << 16)
     # beyond GPT-3's 96 layers of width 12288 and 96 heads, ten times over: a typo, not a model
     for name, largest in (("layers", 1024), ("model_dim", 1 << 17), ("heads", 1024)):
-        _check_int(cfg, name, minimum=1, maximum=largest)
+        check_int(cfg, name, minimum=1, maximum=largest)
     if cfg.model_dim % cfg.heads:
         raise ConfigError(f"--model-dim {cfg.model_dim} must be a multiple of --heads {cfg.heads}")
     if not isinstance(cfg.data, str):
@@ -651,18 +646,25 @@ USED_ONLY_IN: dict[str, tuple[Need, ...]] = {
 }
 
 
-def _check_ports(cfg: GossipConfig) -> None:
+def _check_network(cfg: GossipConfig) -> None:
     """Peer r listens on BASE_PORT + r, the server on BASE_PORT + N, a rendezvous store on BASE_PORT - 1:
-    all must be ports (1..65535)."""
-    _check_int(cfg, "world_size", minimum=1)
+    all must be ports (1..65535); endpoints, when given, are one per peer."""
+    network = cfg.network
     if cfg.world_size + 2 > 65535:
         raise ConfigError(f"--nodes {cfg.world_size} needs {cfg.world_size + 1} ports from --base-port on, more "
                           "than a host has (65535); use at most 65533 peers")
-    _check_int(cfg, "base_port", minimum=1)
-    if cfg.base_port + cfg.world_size > 65535:
-        raise ConfigError(f"--base-port {cfg.base_port} with --nodes {cfg.world_size}: the peers and the server "
-                          f"would listen up to port {cfg.base_port + cfg.world_size}, beyond 65535; use --base-port "
-                          f"at most {65535 - cfg.world_size}")
+    check_int(network, "base_port", minimum=1)
+    if network.base_port + cfg.world_size > 65535:
+        raise ConfigError(f"--base-port {network.base_port} with --nodes {cfg.world_size}: the peers and the server "
+                          f"would listen up to port {network.base_port + cfg.world_size}, beyond 65535; use "
+                          f"--base-port at most {65535 - cfg.world_size}")
+    if network.endpoints and len(network.endpoints) != cfg.world_size:
+        raise ConfigError(f"{len(network.endpoints)} endpoints given for {cfg.world_size} peers; give one per peer")
+    for endpoint in network.endpoints + ((network.server_endpoint,) if network.server_endpoint else ()):
+        split_endpoint(endpoint)
+    check_host(network.host, "--host")
+    if network.bind:
+        check_host(network.bind, "--bind")
 
 
 def _check_unused(cfg: RunConfig) -> None:
@@ -673,13 +675,17 @@ def _check_unused(cfg: RunConfig) -> None:
         if unmet and _given(cfg, name):
             where = needs[0].where + "".join(f" {'with' if i == 1 else 'and'} {n.where}" for i, n in enumerate(needs)
                                              if i)
-            raise ConfigError(f"{_flag(name)} applies to {where}, not {_described(cfg, unmet[0].setting)}; drop it or "
-                              f"{' and '.join(need.fix for need in unmet)}")
+            raise ConfigError(f"{flag_of(name)} applies to {where}, not {_described(cfg, unmet[0].setting)}; drop it "
+                              f"or {' and '.join(need.fix for need in unmet)}")
 
 
 def _owner(cfg: RunConfig, name: str) -> Any:
-    """The part of ``cfg`` that holds field ``name``: the run itself, its gossip or its coordinator part."""
-    return next(part for part in (cfg, cfg.gossip, cfg.coordinator) if name in part.__dataclass_fields__)
+    """The part of ``cfg`` that holds field ``name``: the run itself, its coordinator part, or its gossip
+    part or one of that part's sections."""
+    if name in SECTION_OF:
+        section = SECTION_OF[name]
+        return getattr(cfg.gossip, section) if section else cfg.gossip
+    return next(part for part in (cfg, cfg.coordinator) if name in part.__dataclass_fields__)
 
 
 def _value(cfg: RunConfig, name: str) -> Any:
@@ -698,8 +704,8 @@ def _described(cfg: RunConfig, name: str) -> str:
     """This run's setting ``name`` as its flag says it: "--mode ps-sync", or "a run without --dc-adaptive"."""
     value = _value(cfg, name)
     if value in (False, (), ""):
-        return f"a run without {_flag(name)}"
-    return f"{_flag(name)} {value}"
+        return f"a run without {flag_of(name)}"
+    return f"{flag_of(name)} {value}"
 
 
 def _default(cls: type, name: str) -> Any:
@@ -717,24 +723,22 @@ def build_topology(spec: str, world_size: int) -> topologies.Topology:
 
 
 def _check_compress(cfg: GossipConfig) -> None:
-    _check_choice(cfg, "compress", COMPRESS)
-    if not (_is_real(cfg.consensus_step) and 0 < cfg.consensus_step <= 1):
-        raise ConfigError(f"--consensus-step must be in (0, 1], got {cfg.consensus_step!r}")
-    if cfg.compress == "none" or cfg.mode == "ps-avg":  # (ps-avg: gossip/coordinator/pseudograd.py)
+    compress, sync, robust = cfg.compression.compress, cfg.sync, cfg.robust
+    if compress == "none" or cfg.mode == "ps-avg":  # (ps-avg: gossip/coordinator/pseudograd.py)
         return
     if cfg.mode != "gossip-sync":
-        raise ConfigError(f"--compress {cfg.compress} applies to --mode gossip-sync (every compressed difference "
+        raise ConfigError(f"--compress {compress} applies to --mode gossip-sync (every compressed difference "
                           "must arrive, in its round) and ps-avg (each worker's change since the server's weights)")
-    others = [flag for flag, on in (("--deadline adaptive", cfg.deadline != "fixed"),
-                                    ("--weight-by samples", cfg.weight_by != "none"),
-                                    (f"--aggregate {cfg.aggregate}", cfg.aggregate != "mean"),
-                                    ("--byzantine", bool(cfg.byzantine))) if on]
+    others = [flag for flag, on in (("--deadline adaptive", sync.deadline != "fixed"),
+                                    ("--weight-by samples", sync.weight_by != "none"),
+                                    (f"--aggregate {robust.aggregate}", robust.aggregate != "mean"),
+                                    ("--byzantine", bool(robust.byzantine))) if on]
     if others:
-        raise ConfigError(f"--compress {cfg.compress} cannot be combined with {others[0]}: compressed gossip mixes "
+        raise ConfigError(f"--compress {compress} cannot be combined with {others[0]}: compressed gossip mixes "
                           "the neighbours' public copies in lockstep rounds with the plain mean")
-    topology = build_topology(cfg.topology, cfg.world_size) if cfg.world_size > 1 else None
+    topology = build_topology(cfg.graph.topology, cfg.world_size) if cfg.world_size > 1 else None
     if topology is not None and (topology.directed or topology.time_varying):
-        raise ConfigError(f"--compress {cfg.compress} needs a fixed undirected topology (ring, torus, full, ...), "
+        raise ConfigError(f"--compress {compress} needs a fixed undirected topology (ring, torus, full, ...), "
                           f"not {topology.spec}: each neighbour keeps a copy of our public model, built from every "
                           "difference we ever sent it")
 
@@ -743,31 +747,28 @@ def _check_aggregate(cfg: GossipConfig) -> None:
     """Which rule applies where: the coordinate-wise ones wherever several models or gradients of one round
     or version are combined (the gossip modes, ps-sync, ps-avg), the norm bound wherever a server applies
     gradients (ps-sync and the asynchronous server modes, which apply one at a time)."""
-    _check_choice(cfg, "aggregate", AGGREGATES)
-    if not (_is_real(cfg.trim_fraction) and 0 < cfg.trim_fraction < 0.5):
-        raise ConfigError(f"--trim-fraction must be in (0, 0.5), got {cfg.trim_fraction!r}")
-    robust = f"--aggregate {cfg.aggregate}"
-    if cfg.aggregate in COORDINATE_WISE and cfg.mode in ("ps-async", "ps-ssp", "ps-dcasgd"):
+    aggregate, byzantine = cfg.robust.aggregate, cfg.robust.byzantine
+    robust = f"--aggregate {aggregate}"
+    if aggregate in COORDINATE_WISE and cfg.mode in ("ps-async", "ps-ssp", "ps-dcasgd"):
         raise ConfigError(f"{robust} combines the contributions of one version coordinate-wise; --mode {cfg.mode} "
                           "applies each gradient on its own, which has no median: use --aggregate norm-clip (each "
                           "gradient bounded by the recent gradients' norms), or --mode ps-sync")
-    if cfg.aggregate == "norm-clip" and cfg.mode not in NORM_BOUNDED:
+    if aggregate == "norm-clip" and cfg.mode not in NORM_BOUNDED:
         what = "its workers send weights" if cfg.mode == "ps-avg" else "the gossip modes mix models"
         raise ConfigError(f"--aggregate norm-clip bounds the gradients a parameter server applies, and {what}: use "
                           "--aggregate median or trimmed-mean")
-    if cfg.aggregate != "mean" and (cfg.weight_by != "none" or cfg.deadline != "fixed"):
+    if aggregate != "mean" and (cfg.sync.weight_by != "none" or cfg.sync.deadline != "fixed"):
         raise ConfigError(f"{robust} cannot be combined with --weight-by samples or --deadline adaptive: their "
                           "push-sum masses assume a linear mean (mass carried between rounds), which a median breaks")
-    if cfg.aggregate != "mean" and cfg.mode == "gossip-async" and cfg.async_rule == "push-sum":
+    if aggregate != "mean" and cfg.mode == "gossip-async" and cfg.asynchronous.async_rule == "push-sum":
         raise ConfigError(f"{robust} in gossip-async needs --async-rule latest (a median of the neighbours' latest "
                           "models; push-sum's masses assume a linear mean)")
-    if cfg.aggregate != "mean" and cfg.staleness_weight != "none":
+    if aggregate != "mean" and cfg.asynchronous.staleness_weight != "none":
         raise ConfigError(f"{robust} counts each snapshot once, so --staleness-weight does not apply; use "
                           "--max-staleness to leave out old snapshots")
-    if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < cfg.world_size for r in cfg.byzantine):
+    if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < cfg.world_size for r in byzantine):
         raise ConfigError(f"--byzantine must list peer ranks in 0..{cfg.world_size - 1}, got "
-                          f"{','.join(map(str, cfg.byzantine))}")
-    _check_positive(cfg, "byzantine_scale")
+                          f"{','.join(map(str, byzantine))}")
 
 
 def _check_robust_degree(cfg: GossipConfig, topology: topologies.Topology) -> None:
@@ -775,77 +776,6 @@ def _check_robust_degree(cfg: GossipConfig, topology: topologies.Topology) -> No
     for round in range(16 if topology.time_varying else 1):  # time-varying graphs keep their degree
         for rank in range(cfg.world_size):
             if (degree := len(topology.in_neighbours(rank, round))) < 2:
-                raise ConfigError(f"--aggregate {cfg.aggregate} needs at least 2 neighbours per peer (3 inputs, so "
-                                  f"that one can be outvoted); --topology {cfg.topology} with --nodes "
-                                  f"{cfg.world_size} gives peer {rank} {degree} in round {round}")
-
-
-def _flag(name: str) -> str:
-    """The launcher flag that sets field ``name`` (messages name what the user typed)."""
-    return {"world_size": "--nodes", "peer_speeds": "--speeds"}.get(name, "--" + name.replace("_", "-"))
-
-
-def _check_int(obj: Any, name: str, *, minimum: int, maximum: int | None = None, flag: str = "") -> None:
-    value = getattr(obj, name)
-    flag = flag or _flag(name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{flag} must be an integer, got {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
-        raise ConfigError(f"{flag} must be {bound}, got {value}")
-
-
-def _check_choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(obj, name)
-    if value not in choices:
-        raise ConfigError(f"{_flag(name)} {value!r} is not valid; choose one of: {', '.join(choices)}")
-
-
-def _check_per_peer(obj: Any, name: str, valid: Any, what: str) -> None:
-    """A per-peer list: empty, or one value per peer, each passing ``valid``."""
-    values, peers = getattr(obj, name), getattr(obj, "world_size", None) or getattr(obj, "nodes")
-    if not values:
-        return
-    if len(values) != peers:
-        raise ConfigError(f"{_flag(name)} lists {len(values)} values for {peers} peers; give one per peer")
-    bad = [v for v in values if not (_is_real(v) and valid(v))]
-    if bad:
-        raise ConfigError(f"{_flag(name)} must be {what}; got {bad[0]!r}")
-
-
-def _check_auto_number(obj: Any, name: str, valid: Any, what: str) -> None:
-    """A field that is "auto" or a number (a numeric string, as a flag gives it, becomes a float)."""
-    value = getattr(obj, name)
-    if isinstance(value, str) and value.strip().lower() != "auto":
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    elif isinstance(value, str):
-        value = "auto"
-    elif isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if value != "auto" and not (_is_real(value) and valid(value)):
-        raise ConfigError(f"{_flag(name)} must be auto or a number {what}, got {getattr(obj, name)!r}")
-    object.__setattr__(obj, name, value)
-
-
-def _check_positive(obj: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not (_is_real(value) and value > 0):
-            raise ConfigError(f"{_flag(name)} must be a positive number, got {value!r}")
-
-
-def _check_seconds(obj: Any, *names: str, limit: float = MAX_WAIT_SECONDS, why: str = "one week") -> None:
-    """Fields that become a timeout or a sleep: finite, > 0 and at most ``limit`` seconds."""
-    for name in names:
-        value = getattr(obj, name)
-        if not (_is_real(value) and 0 < value <= limit):
-            raise ConfigError(f"{_flag(name)} must be a positive number of seconds up to {limit:g} ({why}), "
-                              f"got {value!r}")
-
-
-def _is_real(value: Any) -> bool:
-    # Comparing a str raises TypeError instead of a ConfigError; bool is an int to Python but no sensible size.
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                raise ConfigError(f"--aggregate {cfg.robust.aggregate} needs at least 2 neighbours per peer (3 "
+                                  f"inputs, so that one can be outvoted); --topology {cfg.graph.topology} with "
+                                  f"--nodes {cfg.world_size} gives peer {rank} {degree} in round {round}")

@@ -34,21 +34,23 @@ def build_transport(config: GossipConfig, rank: int, layout: Layout, mailbox: Ma
     task. The parameter server (``server``) watches no links and adds no emulated latency of its own."""
     ranks = config.world_size + (1 if config.parameter_server else 0)  # the server is the last rank
     endpoints = [config.endpoint(r) for r in range(ranks)]
-    latency = [ms / 1000 for ms in config.link_latency_ms] or [0.0] * config.world_size
+    latency = [ms / 1000 for ms in config.network.link_latency_ms] or [0.0] * config.world_size
     latency += [0.0] * (ranks - len(latency))  # the parameter server's access has no emulated latency
     # one-way latency of a link = that of the sender's access plus the receiver's
     delays = [0.0] * ranks if server else [latency[rank] + latency[dest] for dest in range(ranks)]
-    options = TransportConfig(queue_depth=config.queue_depth, shutdown_timeout=config.shutdown_timeout,
+    network, timeouts = config.network, config.timeouts
+    options = TransportConfig(queue_depth=network.queue_depth, shutdown_timeout=timeouts.shutdown_timeout,
                               keys=transport_keys(config, rank), delays=tuple(delays),
-                              heartbeat_timeout=config.peer_timeout, ipc=config.ipc, **inbound_limits(layout, ranks))
+                              heartbeat_timeout=timeouts.peer_timeout, ipc=network.ipc, **inbound_limits(layout, ranks))
     return Transport(rank, config.bind_endpoint(rank), endpoints, mailbox.deliver, options,
                      on_link=None if server else mailbox.link, on_failure=mailbox.fail,
                      on_closed=mailbox.connection_closed)
 
 
 def transport_keys(config: GossipConfig, rank: int) -> CurveKeys | None:
-    """This process's CurveZMQ keys when ``config.secure`` names a key directory."""
-    return load_keys(config.secure, rank, config.world_size, config.parameter_server) if config.secure else None
+    """This process's CurveZMQ keys when ``config.network.secure`` names a key directory."""
+    keydir = config.network.secure
+    return load_keys(keydir, rank, config.world_size, config.parameter_server) if keydir else None
 
 
 def inbound_limits(layout: Layout, ranks: int) -> dict[str, int]:

@@ -34,7 +34,7 @@ PER_PEER = frozenset({"rank", "host", "base_port", "endpoints", "bind", "server_
 def locate(config: GossipConfig, given: set[str], env: Mapping[str, str], layout: Layout) -> GossipConfig:
     """``config`` with the rank, world size and endpoints of this peer's swarm (module docstring); ``given``:
     the fields the caller set."""
-    found = read_environment(env, config.base_port - 1)
+    found = read_environment(env, config.network.base_port - 1)
     rank = config.rank if "rank" in given else found.rank
     world_size = config.world_size if "world_size" in given else found.world_size
     if world_size is None:
@@ -46,9 +46,9 @@ def locate(config: GossipConfig, given: set[str], env: Mapping[str, str], layout
                           f"{world_size - 1}), or start the processes under torchrun, srun or mpirun, which set it")
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank} is outside 0..{world_size - 1}; ranks count from 0")
-    config = dataclasses.replace(config, rank=rank, world_size=world_size,
-                                 endpoints=config.endpoints if len(config.endpoints) == world_size else ())
-    if world_size == 1 or config.endpoints or not found.source:
+    given = config.network.endpoints
+    config = config.replace(rank=rank, world_size=world_size, endpoints=given if len(given) == world_size else ())
+    if world_size == 1 or config.network.endpoints or not found.source:
         return config
     if found.store is None:
         raise ConfigError(f"{found.source} gives ranks but not where rank 0 is: export MASTER_ADDR (rank 0's host) "
@@ -62,20 +62,20 @@ def _meet(config: GossipConfig, plan: Plan, layout: Layout) -> GossipConfig:
     """Exchange endpoints through the store of ``plan``; the run stops for everyone if this peer cannot go on."""
     from gossip import rendezvous_store as exchange  # imports torch.distributed: only when a store is used
 
-    announce = exchange.announce_address("", config.bind, plan.store[0])
-    listen = config.bind or bindable(announce)  # where this peer binds, and the store it may serve listens
-    meeting = exchange.StoreRendezvous(plan, config.startup_timeout, bind=listen, keydir=config.secure)
+    announce = exchange.announce_address("", config.network.bind, plan.store[0])
+    listen = config.network.bind or bindable(announce)  # where this peer binds, and the store it may serve listens
+    meeting = exchange.StoreRendezvous(plan, config.timeouts.startup_timeout, bind=listen, keydir=config.network.secure)
 
     def endpoint_of(rank: int) -> str:
-        exchange.check_port(listen, config.base_port + rank, f"peer {rank}")
-        return f"tcp://{announce}:{config.base_port + rank}"
+        exchange.check_port(listen, config.network.base_port + rank, f"peer {rank}")
+        return f"tcp://{announce}:{config.network.base_port + rank}"
 
-    settings = {name: value for name, value in dataclasses.asdict(config).items() if name not in PER_PEER}
+    settings = {name: value for name, value in config.flat().items() if name not in PER_PEER}
     meeting.open()
     try:  # (a peer that cannot join tells the others in the store: ``join``)
         assignment = meeting.join(endpoint_of, {**settings, "model_layout": layout.fingerprint}, plan.world_size,
                                   plan.rank, server=False, parameter_server=config.parameter_server)
     finally:
         meeting.close()
-    return dataclasses.replace(config, endpoints=assignment.endpoints,
-                               server_endpoint=assignment.server_endpoint or config.server_endpoint)
+    return config.replace(endpoints=assignment.endpoints,
+                               server_endpoint=assignment.server_endpoint or config.network.server_endpoint)

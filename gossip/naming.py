@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from gossip.config import CoordinatorConfig, GossipConfig
+from gossip.config import GOSSIP_FIELDS, CoordinatorConfig
 
 _FLAG = re.compile(r"(?<![\w-])--(no-)?([a-z][a-z0-9-]*)")
 # flags whose setting a library user makes under another name
 _RENAMED = {"nodes": "world_size", "rendezvous_timeout": "startup_timeout"}
-_FIELDS = frozenset(f.name for cls in (GossipConfig, CoordinatorConfig) for f in dataclasses.fields(cls))
+_FIELDS = frozenset(GOSSIP_FIELDS) | frozenset(f.name for f in dataclasses.fields(CoordinatorConfig))
 
 
 def as_keywords(text: str) -> str:

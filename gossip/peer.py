@@ -172,11 +172,12 @@ def run(cfg: RunConfig, out: Path, local_rank: int | None = None, resume: bool =
     try:
         device = resolve_device(cfg.device, rank if local_rank is None else local_rank)
         task = build_task(cfg.task, context_for(cfg, rank, device))
-        bounds = {"counters.step": cfg.gossip.max_steps, "counters.weight": cfg.gossip.max_weight,
-                  "counters.rounds": cfg.gossip.max_rounds + 1 if cfg.gossip.max_rounds else 0}
+        bounds = {"counters.step": cfg.gossip.bounds.max_steps, "counters.weight": cfg.gossip.bounds.max_weight,
+                  "counters.rounds": cfg.gossip.bounds.max_rounds + 1 if cfg.gossip.bounds.max_rounds else 0}
         steps_outer = not cfg.gossip.parameter_server and gossip_outer(cfg.coordinator) is not None
         state = load_checkpoint(out, rank, task, events, bounds, outer=steps_outer) if resume else None
-        averager = open_averager(FlatParams(task.model, cfg.gossip.chunk_bytes), cfg.gossip, cfg.coordinator, state)
+        flat = FlatParams(task.model, cfg.gossip.network.chunk_bytes)
+        averager = open_averager(flat, cfg.gossip, cfg.coordinator, state)
     except GossipError as exc:
         events.write("stopped" if isinstance(exc, Stopped) else "error", message=str(exc))
         raise
@@ -208,7 +209,7 @@ def train(cfg: RunConfig, task: Task, averager: Averager, trace: Trace, events: 
     ``--steps`` is over (``Averager.done``: our own steps, or in the asynchronous modes the swarm's)."""
     slowdown = 1.0 / cfg.speed(averager.rank) - 1.0
     emulated = cfg.compute_ms / 1000.0 / cfg.speed(averager.rank)
-    by_time = cfg.gossip.schedule == "time"
+    by_time = cfg.gossip.graph.schedule == "time"
     schedule = run_schedule(cfg)  # by our own step
     step = averager.local_step  # 0, or where a restarted peer rejoined
     keeper = checkpointer(out, averager.rank, events, cfg.checkpoint_every)

@@ -16,22 +16,17 @@ import time
 from typing import Any, NamedTuple, NoReturn
 
 from gossip.config import (
-    AGGREGATES,
     AUTO_FIELDS,
-    COMPRESS,
-    DEADLINES,
     DERIVED_FIELDS,
+    GOSSIP_FIELDS,
     MODES,
-    PARTNERS,
-    SCHEDULES,
-    STALENESS_WEIGHTS,
-    WEIGHT_BY,
     CoordinatorConfig,
     GossipConfig,
     RendezvousConfig,
     RunConfig,
     recipe_values,
 )
+from gossip.sections import AGGREGATES, COMPRESS, DEADLINES, PARTNERS, SCHEDULES, STALENESS_WEIGHTS, WEIGHT_BY
 from launch.procs import START_METHODS
 
 LAUNCH, PEER = "gossip-launch", "gossip-peer"
@@ -266,7 +261,6 @@ PEER_COMMAND_FLAGS = [row for row in TABLE if row.only != LAUNCH]  # gossip-peer
 LAUNCHER_ONLY = frozenset(row.name for row in TABLE if row.only == LAUNCH)
 
 RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
-GOSSIP_FIELDS = {f.name: f for f in dataclasses.fields(GossipConfig)}
 COORDINATOR_FIELDS = {f.name: f for f in dataclasses.fields(CoordinatorConfig)}
 RENDEZVOUS_FIELDS = {f.name: f for f in dataclasses.fields(RendezvousConfig)}
 # which dataclass owns a flag's field: the first that has it (``rank``: the rendezvous's, not GossipConfig's)
@@ -361,7 +355,7 @@ def config_from_args(args: argparse.Namespace, nodes: int | None = None) -> RunC
     # Partner classes come from the emulated speeds, which every peer reads from the same config.json
     # (a list of the wrong length is left for RunConfig to report, in the words of --speeds).
     speeds = run_values["speeds"] if len(run_values["speeds"]) == run_values["nodes"] else ()
-    gossip = GossipConfig(world_size=run_values["nodes"], peer_speeds=speeds, **owned_values(args, GOSSIP_FIELDS))
+    gossip = GossipConfig.of(world_size=run_values["nodes"], peer_speeds=speeds, **owned_values(args, GOSSIP_FIELDS))
     coordinator = CoordinatorConfig(**owned_values(args, COORDINATOR_FIELDS))
     return RunConfig(**run_values, gossip=gossip, coordinator=coordinator)
 
@@ -394,7 +388,7 @@ def auto_value(name: str, values: dict[str, Any]) -> Any:
 
 def field_values(cfg: RunConfig, rendezvous: RendezvousConfig | None = None) -> dict[str, Any]:
     """Every flag's field name -> its value in ``cfg`` (and ``rendezvous``)."""
-    values = {**dataclasses.asdict(cfg.coordinator), **dataclasses.asdict(cfg.gossip),
+    values = {**dataclasses.asdict(cfg.coordinator), **cfg.gossip.flat(),
               **(dataclasses.asdict(rendezvous) if rendezvous else {})}
     values.update({f: getattr(cfg, f) for f in RUN_FIELDS if f not in ("gossip", "coordinator")})
     for name in DERIVED_FIELDS:  # not flags: computed from them by RunConfig

@@ -157,18 +157,18 @@ def with_links(cfg: RunConfig) -> tuple[RunConfig, Links | None]:
     check_link_support()
     server = (0.0,) if cfg.gossip.parameter_server else ()
     links = Links(cfg.link_mbit + server, tag=f"gossip{os.getpid()}")
-    endpoints = links.endpoints(cfg.gossip.base_port)
-    gossip = dataclasses.replace(cfg.gossip, endpoints=endpoints[:cfg.nodes],
-                                 server_endpoint=endpoints[cfg.nodes] if server else cfg.gossip.server_endpoint)
+    endpoints = links.endpoints(cfg.gossip.network.base_port)
+    gossip = cfg.gossip.replace(endpoints=endpoints[:cfg.nodes],
+                                 server_endpoint=endpoints[cfg.nodes] if server else cfg.gossip.network.server_endpoint)
     return dataclasses.replace(cfg, gossip=gossip), links
 
 
 def run_local(cfg: RunConfig, progress: str = "auto", start_method: str = START_METHODS[0], plot: bool = True) -> int:
     load_task(cfg.task)  # an unknown task fails here, in one line, not in N peers
     check_task(cfg)  # so does data a built-in task cannot deal out
-    if cfg.gossip.secure:  # so do missing keys
+    if cfg.gossip.network.secure:  # so do missing keys
         for rank in range(cfg.nodes + (1 if cfg.gossip.parameter_server else 0)):
-            load_keys(cfg.gossip.secure, rank, cfg.nodes, cfg.gossip.parameter_server)
+            load_keys(cfg.gossip.network.secure, rank, cfg.nodes, cfg.gossip.parameter_server)
     cfg, links = with_links(cfg)
     if links is None:
         check_ports(cfg)  # in fresh namespaces every port is free
@@ -202,7 +202,7 @@ def supervise(cfg: RunConfig, out: Path, start: Callable[[], list[Member]], prog
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     members: list[Member] = []
     started = time.time()
-    rounds = cfg.rounds if cfg.gossip.schedule == "time" else 0
+    rounds = cfg.rounds if cfg.gossip.graph.schedule == "time" else 0
     try:
         with context if context is not None else contextlib.nullcontext():
             try:
@@ -211,11 +211,11 @@ def supervise(cfg: RunConfig, out: Path, start: Callable[[], list[Member]], prog
                     failure = watch(cfg, members, display, out, restart)
             except Interrupted as exc:
                 print(f"\ngossip-launch: {exc}, stopping {len(members)} peers...", file=sys.stderr)
-                stop_all([m.proc for m in members], cfg.gossip.shutdown_timeout)
+                stop_all([m.proc for m in members], cfg.gossip.timeouts.shutdown_timeout)
                 print(f"gossip-launch: stopped; partial results in {out}", file=sys.stderr)
                 return 128 + exc.signum
             finally:
-                stop_all([m.proc for m in members], cfg.gossip.shutdown_timeout)
+                stop_all([m.proc for m in members], cfg.gossip.timeouts.shutdown_timeout)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -86,8 +86,9 @@ def meet(args: argparse.Namespace, rendezvous: RendezvousConfig, plan: Plan) -> 
         return _finish(args, 1, 0, (), ""), plan.local_rank, ""
     announce = exchange.announce_address(rendezvous.announce, args.bind, plan.store[0] or None)
     # a store this peer serves listens where the peer will (GossipConfig.bind_endpoint), not everywhere
-    meeting = exchange.StoreRendezvous(plan, rendezvous.rendezvous_timeout, bind=cfg.gossip.bind or bindable(announce),
-                                       keydir=cfg.gossip.secure)
+    network = cfg.gossip.network
+    meeting = exchange.StoreRendezvous(plan, rendezvous.rendezvous_timeout, bind=network.bind or bindable(announce),
+                                       keydir=network.secure)
     meeting.open()
     try:
         if plan.source == "first peer":
@@ -96,7 +97,7 @@ def meet(args: argparse.Namespace, rendezvous: RendezvousConfig, plan: Plan) -> 
                   f"  {next_machine_line(cfg, store)}", flush=True)
 
         def endpoint_of(rank: int) -> str:  # the server's rank is the world size: it listens on BASE_PORT + N
-            exchange.check_port(cfg.gossip.bind or bindable(announce), base_port + rank,
+            exchange.check_port(cfg.gossip.network.bind or bindable(announce), base_port + rank,
                                 "the server" if args.server else f"peer {rank}")
             return f"tcp://{announce}:{base_port + rank}"
 
@@ -111,7 +112,7 @@ def meet(args: argparse.Namespace, rendezvous: RendezvousConfig, plan: Plan) -> 
 def _finish(args: argparse.Namespace, world_size: int, rank: int | None, endpoints: tuple[str, ...],
             server_endpoint: str) -> RunConfig:
     cfg = config_from_args(args, nodes=world_size)
-    gossip = dataclasses.replace(cfg.gossip, rank=rank or 0, endpoints=endpoints, server_endpoint=server_endpoint)
+    gossip = cfg.gossip.replace(rank=rank or 0, endpoints=endpoints, server_endpoint=server_endpoint)
     return dataclasses.replace(cfg, gossip=gossip)
 
 

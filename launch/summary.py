@@ -236,11 +236,12 @@ def horizon_problems(cfg: RunConfig, peers: list[dict[str, Any]]) -> list[str]:
     (``max_weight``): what no honest peer reaches."""
     problems = []
     for p in peers:
-        if cfg.gossip.max_weight and p["weight"] is not None and p["weight"] > cfg.gossip.max_weight:
+        if cfg.gossip.bounds.max_weight and p["weight"] is not None and p["weight"] > cfg.gossip.bounds.max_weight:
             problems.append(f"peer {p['rank']} ends with push-sum weight {p['weight']:.6g}; the network's whole mass is "
-                            f"{cfg.gossip.max_weight:g}")
-        for key, limit, unit in (("rounds", cfg.gossip.max_rounds + 1 if cfg.gossip.max_rounds else 0, "rounds"),
-                                 ("steps", cfg.gossip.max_steps, "steps")):
+                            f"{cfg.gossip.bounds.max_weight:g}")
+        bounds = cfg.gossip.bounds
+        for key, limit, unit in (("rounds", bounds.max_rounds + 1 if bounds.max_rounds else 0, "rounds"),
+                                 ("steps", bounds.max_steps, "steps")):
             if limit and p[key] is not None and p[key] > limit:
                 problems.append(f"peer {p['rank']} reports {p[key]} {unit}; the run allows at most {limit}")
     return problems
@@ -259,7 +260,7 @@ def build_summary(cfg: RunConfig, out: Path, wall_seconds: float, failed: list[s
         problems += found
     peers = [peer_result(rank, ev) for rank, ev in enumerate(events)]
     problems += horizon_problems(cfg, peers)
-    byzantine = set(cfg.gossip.byzantine)
+    byzantine = set(cfg.gossip.robust.byzantine)
     dead = failed_ranks(failed)
     task = build_task(cfg.task, context_for(cfg, 0))
     reference = task.model.state_dict()
@@ -279,10 +280,10 @@ def build_summary(cfg: RunConfig, out: Path, wall_seconds: float, failed: list[s
         if problem:
             problems.append(f"peer {rank}'s {problem}; it is left out of the consensus trace")
             continue
-        beyond = trace.rounds[trace.rounds > cfg.gossip.max_rounds + 1] if cfg.gossip.max_rounds else []
+        beyond = trace.rounds[trace.rounds > cfg.gossip.bounds.max_rounds + 1] if cfg.gossip.bounds.max_rounds else []
         if len(beyond):
             problems.append(f"peer {rank}'s trace-{rank}.npz names round {int(beyond.max())}; the run allows at most "
-                            f"{cfg.gossip.max_rounds + 1}")
+                            f"{cfg.gossip.bounds.max_rounds + 1}")
         if rank in states:
             traces[rank] = trace
     finished = sorted(states)
@@ -317,9 +318,9 @@ def build_summary(cfg: RunConfig, out: Path, wall_seconds: float, failed: list[s
                   if p["test_accuracy"] is not None and p["rank"] not in byzantine]
     losses = [p["test_loss"] for p in peers if p["test_loss"] is not None and p["rank"] not in byzantine]
     summary = {
-        "mode": cfg.gossip.mode, "topology": None if cfg.gossip.parameter_server else cfg.gossip.topology,
+        "mode": cfg.gossip.mode, "topology": None if cfg.gossip.parameter_server else cfg.gossip.graph.topology,
         "nodes": cfg.nodes, "task": cfg.task,
-        "steps": cfg.steps, "schedule": cfg.gossip.schedule, "rounds": cfg.total_rounds,
+        "steps": cfg.steps, "schedule": cfg.gossip.graph.schedule, "rounds": cfg.total_rounds,
         "seed": cfg.gossip.seed, "wall_seconds": wall_seconds, "headline": recipe(cfg.task).headline,
         "accuracy": final_metrics.get("accuracy"),  # of the product model, model-final.pt
         "loss": final_metrics.get("loss"),  # its test (charlm: validation) loss
@@ -331,7 +332,7 @@ def build_summary(cfg: RunConfig, out: Path, wall_seconds: float, failed: list[s
         "final_model": final_metrics, "consensus_distance": consensus_distance(vectors) if finished else None,
         "consensus_trace": trace, "mean_drift": drift, "final_mean_drift": final_drift, "spectral": spectral(cfg),
         "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers), "failed": failed,
-        "aggregate": cfg.gossip.aggregate, "byzantine": sorted(byzantine),
+        "aggregate": cfg.gossip.robust.aggregate, "byzantine": sorted(byzantine),
         "untrained_model": untrained, "diverged": learned_nothing,
     }
     if server is not None:
@@ -403,7 +404,7 @@ def training(cfg: RunConfig) -> dict[str, Any]:
 def remedy(cfg: RunConfig, server: dict[str, Any] | None) -> str:
     """What to change when the run's product model is unusable or learned nothing: keep the garbage of the
     --byzantine peers out of the mean, or else take smaller steps."""
-    if cfg.gossip.byzantine and cfg.gossip.aggregate == "mean":
+    if cfg.gossip.robust.byzantine and cfg.gossip.robust.aggregate == "mean":
         return ("the --byzantine peers' garbage reached the plain mean: use --aggregate "
                 f"{robust_rules(cfg.gossip.mode)}")
     return f"lower --lr (now {cfg.lr:g}){' or set --server-lr' if server and server.get('optimizer') else ''}"

@@ -26,7 +26,7 @@ def main() -> None:
         for _ in range(steps):
             averager.step()
     report = json.dumps({"rank": averager.rank, "world_size": averager.config.world_size, "rounds": averager.rounds,
-                         "weight": model.weight.item(), "endpoints": list(averager.config.endpoints)})
+                         "weight": model.weight.item(), "endpoints": list(averager.config.network.endpoints)})
     os.write(1, f"{report}\n".encode())  # one write: the processes share torchrun's stdout
 
 

@@ -182,7 +182,7 @@ class HeldSnapshot:
 
 def async_peer(own: float, held: dict[int, float], dead: set[int]) -> LatestGossip:
     """Peer 0 of a 4-peer ring in gossip-async with --aggregate median, without sockets."""
-    config = GossipConfig(world_size=4, mode="gossip-async", async_rule="latest", aggregate="median")
+    config = GossipConfig.of(world_size=4, mode="gossip-async", async_rule="latest", aggregate="median")
     flat = FlatParams(vector_model(torch.full((3,), own, dtype=torch.float64)), 1 << 16)
     peer = LatestGossip.__new__(LatestGossip)  # no sockets: _mix_latest reads only what is set here
     snapshots = {j: HeldSnapshot([torch.full((3,), v, dtype=torch.float64)]) for j, v in held.items()}

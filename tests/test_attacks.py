@@ -179,8 +179,8 @@ def test_a_massless_message_at_the_horizon_cuts_no_link(tmp_path, mode):
     launcher, base = _start(out, run=run)
     layout = victim_layout(task="consensus", world_size=NODES)
     gossip = dict(zip(mode[::2], mode[1::2], strict=True))
-    horizon = RunConfig(nodes=NODES, steps=200, task="consensus", gossip=GossipConfig(
-        world_size=NODES, mode=gossip["--mode"], deadline=gossip.get("--deadline", "fixed"))).gossip.max_rounds
+    horizon = RunConfig(nodes=NODES, steps=200, task="consensus", gossip=GossipConfig.of(
+        world_size=NODES, mode=gossip["--mode"], deadline=gossip.get("--deadline", "fixed"))).gossip.bounds.max_rounds
     stranger = Stranger(f"tcp://127.0.0.1:{base}")
     try:
         _wait_for_round(out, 20)

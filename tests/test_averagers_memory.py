@@ -50,10 +50,11 @@ def swarm(body, values: list[torch.Tensor], network: MemoryNetwork | None = None
                 **settings}
 
     def peer(rank: int):
-        config = GossipConfig(rank=rank, world_size=len(values), **settings)
+        config = GossipConfig.of(rank=rank, world_size=len(values), **settings)
         model = Vector(values[rank])
-        averager = averager_class(config)(FlatParams(model, config.chunk_bytes), config, config.build_topology(),
-                                          outer=outer, connect=network.connect(rank))
+        flat = FlatParams(model, config.network.chunk_bytes)
+        averager = averager_class(config)(flat, config, config.build_topology(), outer=outer,
+                                          connect=network.connect(rank))
         with averager.start():
             result = body(rank, averager, model)
         return result if result is not None else (model.value.detach().clone(), averager.statistics())
@@ -293,7 +294,7 @@ def test_the_memory_link_queues_offers_replaces_and_forgets_as_the_transport_doe
 def test_ps_avg_workers_continue_from_the_mean_of_their_weights_through_the_server(tmp_path):
     """The parameter server on the same memory network (rank N, watching no links): each worker starts from
     the server's weights, moves them, and after its step holds the mean of what the workers sent."""
-    cfg = RunConfig(nodes=2, task="digits", gossip=GossipConfig(world_size=2, mode="ps-avg"),
+    cfg = RunConfig(nodes=2, task="digits", gossip=GossipConfig.of(world_size=2, mode="ps-avg"),
                     coordinator=CoordinatorConfig(local_steps=1)).for_rank(0)
     network = MemoryNetwork()
     server = ParameterServer(cfg, tmp_path, EventLog(tmp_path / "server.jsonl"),
@@ -310,7 +311,7 @@ def test_ps_avg_workers_continue_from_the_mean_of_their_weights_through_the_serv
             return server.transport.statistics()
         config = cfg.for_rank(rank).gossip
         model = build_task(cfg.task, context_for(cfg, rank)).model
-        with PSWorker(FlatParams(model, config.chunk_bytes), config, cfg.coordinator,
+        with PSWorker(FlatParams(model, config.network.chunk_bytes), config, cfg.coordinator,
                       connect=network.connect(rank)).start() as worker:
             began = worker.flat.segments[0].clone()
             worker.flat.segments[0].add_(changes[rank])

@@ -300,7 +300,7 @@ def test_resume_with_both_checkpoints_bad_starts_without_one(tmp_path):
 # -- the parameter server, in-process (no sockets are opened before serve()) ------------------------------
 
 def server_config(mode: str = "ps-async") -> RunConfig:
-    return RunConfig(nodes=2, gossip=GossipConfig(world_size=2, mode=mode), checkpoint_every=1).for_rank(0)
+    return RunConfig(nodes=2, gossip=GossipConfig.of(world_size=2, mode=mode), checkpoint_every=1).for_rank(0)
 
 
 def test_the_parameter_server_falls_back_to_its_previous_checkpoint_or_fails_in_one_line(tmp_path):

@@ -105,7 +105,7 @@ def test_defaults_are_four_peers_on_a_ring_training_digits():
     (["--speeds", "1,1", "--nodes", "4"], "--speeds lists 2 values for 4 nodes; give one per node, e.g. 1,1,1,0.25"),
     (["--speeds", "1,x"], "is not a comma-separated list of numbers"),
     (["--speeds", "1,1,1,0"], "--speeds must be positive numbers"),
-    (["--staleness-weight", "linear"], "unknown staleness weight 'linear'"),
+    (["--staleness-weight", "linear"], "--staleness-weight 'linear' is not valid; choose one of: none, inverse, exp"),
     (["--task", "nosuchpackage.mod:fn"], "cannot import task module 'nosuchpackage.mod'"),
     (["--task", "tests.tasks:nothing_here"], "has no function 'nothing_here'"),
     (["--chunk-mb", "1000"], "--chunk-mb 1000.0 is out of range"),

@@ -146,12 +146,12 @@ def test_a_compressed_kind_without_payload_is_rejected():
 ])
 def test_compression_refuses_what_it_cannot_keep_exact(change, message_part):
     with pytest.raises(ConfigError, match=message_part):
-        GossipConfig(world_size=4, **{"compress": "int8", **change})
+        GossipConfig.of(world_size=4, **{"compress": "int8", **change})
 
 
 def test_compression_refuses_restarts():
     with pytest.raises(ConfigError, match="--max-restarts"):
-        RunConfig(max_restarts=1, gossip=GossipConfig(world_size=4, compress="int8"))
+        RunConfig(max_restarts=1, gossip=GossipConfig.of(world_size=4, compress="int8"))
 
 
 def choco(start: np.ndarray, spec: str, rounds: int, codec: str, step: float = 1.0) -> list[np.ndarray]:

@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from gossip.config import MODES, STALENESS_WEIGHTS, GossipConfig, RendezvousConfig, RunConfig
+from gossip.config import MODES, SECTION_OF, GossipConfig, RendezvousConfig, RunConfig
 from gossip.errors import ConfigError
+from gossip.sections import SECTIONS, STALENESS_WEIGHTS, Compression, Network, Timeouts
 
 
 def test_defaults_construct():
@@ -18,6 +19,32 @@ def test_defaults_construct():
     assert (gossip.rank, gossip.world_size, gossip.mode) == (0, 1, "gossip-sync")
     assert run.gossip.world_size == run.nodes
     assert run.speed(0) == 1.0
+
+
+def test_each_field_sits_in_one_section_and_flat_names_reach_it():
+    names = [f.name for kind in SECTIONS.values() for f in dataclasses.fields(kind)]
+    assert len(names) == len(set(names)) and not set(names) & {f.name for f in dataclasses.fields(GossipConfig)}
+    nested = GossipConfig(world_size=4, mode="gossip-sync", compression=Compression(compress="int8"),
+                          network=Network(base_port=31000, link_latency_ms=(0, 1, 2, 3)),
+                          timeouts=Timeouts(round_timeout=5.0))
+    flat = GossipConfig.of(world_size=4, compress="int8", base_port=31000, link_latency_ms=(0, 1, 2, 3),
+                           round_timeout=5.0)
+    assert nested == flat and GossipConfig.of(**flat.flat()) == flat and set(flat.flat()) == set(SECTION_OF)
+    changed = flat.replace(rank=2, queue_depth=3, overlap=False)
+    assert (changed.rank, changed.network.queue_depth, changed.sync.overlap) == (2, 3, False)
+    assert changed.network.base_port == 31000 and flat.network.queue_depth == 8  # the rest kept, the original too
+    assert GossipConfig.from_dict(json.loads(json.dumps(dataclasses.asdict(changed)))) == changed
+
+
+def test_a_check_that_reads_two_sections_or_the_world_size_runs_where_they_meet():
+    with pytest.raises(ConfigError, match="--link-latency-ms lists 2 values for 4 peers"):
+        GossipConfig.of(world_size=4, link_latency_ms=(1, 2))
+    with pytest.raises(ConfigError, match="--compress int8 cannot be combined with --deadline adaptive"):
+        GossipConfig.of(world_size=4, compress="int8", deadline="adaptive")
+    with pytest.raises(ConfigError, match="^GossipConfig.network must be a Network, got"):
+        GossipConfig(network={"base_port": 1})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="^unknown option 'chunk_mib'; did you mean 'chunk_mb'"):
+        GossipConfig().replace(chunk_mib=1)
 
 
 def test_config_error_is_a_value_error():
@@ -56,12 +83,12 @@ def test_config_error_is_a_value_error():
 ])
 def test_invalid_gossip_config(fields, expected):
     with pytest.raises(ConfigError) as info:
-        GossipConfig(**fields)
+        GossipConfig.of(**fields)
     assert expected in str(info.value)
 
 
 def run_config(nodes: int = 4, **fields) -> RunConfig:
-    return RunConfig(nodes=nodes, gossip=GossipConfig(world_size=nodes), **fields)
+    return RunConfig(nodes=nodes, gossip=GossipConfig.of(world_size=nodes), **fields)
 
 
 @pytest.mark.parametrize("fields,expected", [
@@ -89,7 +116,7 @@ def test_invalid_run_config(fields, expected):
 
 def test_world_size_must_match_nodes():
     with pytest.raises(ConfigError, match="differs from nodes 3"):
-        RunConfig(nodes=3, gossip=GossipConfig(world_size=4))
+        RunConfig(nodes=3, gossip=GossipConfig.of(world_size=4))
 
 
 def test_speeds_example_has_one_value_per_node():
@@ -99,9 +126,9 @@ def test_speeds_example_has_one_value_per_node():
 
 
 def test_boundary_values_are_accepted():
-    GossipConfig(chunk_mb=0.0625)
-    GossipConfig(chunk_mb=64)
-    GossipConfig(rank=3, world_size=4, max_staleness=0, base_port=65531)  # 65535 left for a server
+    GossipConfig.of(chunk_mb=0.0625)
+    GossipConfig.of(chunk_mb=64)
+    GossipConfig.of(rank=3, world_size=4, max_staleness=0, base_port=65531)  # 65535 left for a server
     run_config(momentum=0.0, compute_ms=0.0, eval_every=0, speeds=(1, 0.25, 1e6, 1.0))
 
 
@@ -125,7 +152,7 @@ def test_timeouts_and_waits_are_bounded(fields, expected):
     """threading, asyncio, time.sleep and ZeroMQ refuse waits beyond their limits with an OverflowError
     (or EINVAL) in the middle of a run: a flag asking for one is refused with one line instead."""
     with pytest.raises(ConfigError) as info:
-        GossipConfig(**fields)
+        GossipConfig.of(**fields)
     assert expected in str(info.value)
 
 
@@ -150,7 +177,7 @@ def test_the_rendezvous_timeout_is_bounded(timeout):
 
 
 def test_the_longest_waits_are_accepted():
-    GossipConfig(round_timeout=604800, startup_timeout=604800.0, send_timeout=604800, shutdown_timeout=604800,
+    GossipConfig.of(round_timeout=604800, startup_timeout=604800.0, send_timeout=604800, shutdown_timeout=604800,
                  round_seconds=604800, deadline_floor=604800, peer_timeout=6553)
     RendezvousConfig(rendezvous_timeout=604800)
     run_config(compute_ms=604800e3)
@@ -159,31 +186,31 @@ def test_the_longest_waits_are_accepted():
 
 def test_json_round_trip_gives_an_equal_object():
     cfg = RunConfig(nodes=3, task="digits", steps=17, out="runs/x", speeds=(1.0, 0.5, 0.25), compute_ms=2.5,
-                    lr=0.1, momentum=0.0, gossip=GossipConfig(
+                    lr=0.1, momentum=0.0, gossip=GossipConfig.of(
                         rank=2, world_size=3, mode="gossip-async", async_rule="latest", staleness_weight="exp", staleness_temperature=2.0,
                         endpoints=("tcp://a:1", "tcp://b:2", "tcp://c:3"), chunk_mb=0.5, gossip_every=3))
     again = RunConfig.from_dict(json.loads(cfg.to_json()))
     assert again == cfg
-    assert isinstance(again.speeds, tuple) and isinstance(again.gossip.endpoints, tuple)
+    assert isinstance(again.speeds, tuple) and isinstance(again.gossip.network.endpoints, tuple)
     assert RunConfig.from_dict(json.loads(RunConfig().to_json())) == RunConfig()
 
 
 def test_json_round_trip_keeps_the_heterogeneity_options():
-    cfg = RunConfig(nodes=4, rounds=7, link_mbit=(0, 0, 0, 100.0), gossip=GossipConfig(
+    cfg = RunConfig(nodes=4, rounds=7, link_mbit=(0, 0, 0, 100.0), gossip=GossipConfig.of(
         world_size=4, topology="random", schedule="time", round_seconds=0.25, weight_by="samples",
         deadline="adaptive", deadline_k=2.0, partners="similar-speed", peer_speeds=(1, 1, 1, 0.25),
         link_latency_ms=(0, 5.0, 0, 20.0)))
     again = RunConfig.from_dict(json.loads(cfg.to_json()))
     assert again == cfg and again.total_rounds == 7
-    assert isinstance(again.link_mbit, tuple) and isinstance(again.gossip.link_latency_ms, tuple)
+    assert isinstance(again.link_mbit, tuple) and isinstance(again.gossip.network.link_latency_ms, tuple)
 
 
 
 def test_json_round_trip_keeps_the_aggregation_options():
-    cfg = RunConfig(nodes=6, gossip=GossipConfig(world_size=6, topology="torus", aggregate="trimmed-mean",
+    cfg = RunConfig(nodes=6, gossip=GossipConfig.of(world_size=6, topology="torus", aggregate="trimmed-mean",
                                                  trim_fraction=0.3, byzantine=(3, 5), byzantine_scale=1e3))
     again = RunConfig.from_dict(json.loads(cfg.to_json()))
-    assert again == cfg and isinstance(again.gossip.byzantine, tuple)
+    assert again == cfg and isinstance(again.gossip.robust.byzantine, tuple)
 
 
 @pytest.mark.parametrize("fields,expected", [
@@ -211,21 +238,21 @@ def test_json_round_trip_keeps_the_aggregation_options():
 ])
 def test_invalid_aggregation_options(fields, expected):
     with pytest.raises(ConfigError) as info:
-        GossipConfig(**{"world_size": 6, **fields})
+        GossipConfig.of(**{"world_size": 6, **fields})
     assert expected in str(info.value)
 
 
 def test_robust_aggregation_is_accepted_where_it_applies():
     for mode, rule in (("gossip-sync", "push-sum"), ("gossip-async", "latest")):
         for topology in ("ring", "torus", "random", "full"):
-            GossipConfig(world_size=6, mode=mode, async_rule=rule, topology=topology, aggregate="median",
+            GossipConfig.of(world_size=6, mode=mode, async_rule=rule, topology=topology, aggregate="median",
                          byzantine=(0, 5))
-    GossipConfig(world_size=3, aggregate="trimmed-mean", trim_fraction=0.49)
+    GossipConfig.of(world_size=3, aggregate="trimmed-mean", trim_fraction=0.49)
     for mode in ("ps-sync", "ps-avg"):
         for rule in ("median", "trimmed-mean"):
-            GossipConfig(world_size=4, mode=mode, aggregate=rule, byzantine=(3,))
+            GossipConfig.of(world_size=4, mode=mode, aggregate=rule, byzantine=(3,))
     for mode in ("ps-sync", "ps-async", "ps-ssp", "ps-dcasgd"):
-        GossipConfig(world_size=4, mode=mode, aggregate="norm-clip", byzantine=(0,))
+        GossipConfig.of(world_size=4, mode=mode, aggregate="norm-clip", byzantine=(0,))
 
 
 def test_for_rank_sets_only_the_rank():
@@ -238,17 +265,17 @@ def test_for_rank_sets_only_the_rank():
 
 
 def test_endpoint_from_host_and_base_port():
-    cfg = GossipConfig(world_size=4, host="10.0.0.7", base_port=31000)
+    cfg = GossipConfig.of(world_size=4, host="10.0.0.7", base_port=31000)
     assert [cfg.endpoint(r) for r in range(4)] == [f"tcp://10.0.0.7:{31000 + r}" for r in range(4)]
 
 
 def test_explicit_endpoints_win():
     endpoints = ("tcp://h1:5000", "tcp://h2:6000")
-    cfg = GossipConfig(world_size=2, topology="full", endpoints=endpoints, base_port=31000)
+    cfg = GossipConfig.of(world_size=2, topology="full", endpoints=endpoints, base_port=31000)
     assert [cfg.endpoint(r) for r in range(2)] == list(endpoints)
 
 
 @pytest.mark.parametrize("chunk_mb", [0.0625, 0.1, 1 / 3, 1.0, 8.0, 9.999, 64.0])
 def test_chunk_bytes_is_a_multiple_of_64(chunk_mb):
-    chunk_bytes = GossipConfig(chunk_mb=chunk_mb).chunk_bytes
+    chunk_bytes = GossipConfig.of(chunk_mb=chunk_mb).network.chunk_bytes
     assert chunk_bytes % 64 == 0 and 0 < chunk_bytes <= chunk_mb * (1 << 20) < chunk_bytes + 64

@@ -31,10 +31,10 @@ def test_learning_nothing_is_a_loss_no_lower_than_untrained_or_chance_accuracy(f
 def test_the_remedy_names_the_cause():
     assert remedy(RunConfig(lr=100), None) == "lower --lr (now 100)"
     assert remedy(RunConfig(lr=100), {"optimizer": {"lr": 1.0}}) == "lower --lr (now 100) or set --server-lr"
-    garbage = RunConfig(gossip=GossipConfig(world_size=4, byzantine=(3,)))
+    garbage = RunConfig(gossip=GossipConfig.of(world_size=4, byzantine=(3,)))
     assert remedy(garbage, None) == ("the --byzantine peers' garbage reached the plain mean: use --aggregate median "
                                      "or trimmed-mean")
-    asynchronous = RunConfig(gossip=GossipConfig(world_size=4, mode="ps-async", byzantine=(3,)))
+    asynchronous = RunConfig(gossip=GossipConfig.of(world_size=4, mode="ps-async", byzantine=(3,)))
     assert remedy(asynchronous, None) == ("the --byzantine peers' garbage reached the plain mean: use --aggregate "
                                           "norm-clip")  # (one gradient per update has no median)
 

@@ -39,17 +39,17 @@ def test_with_nothing_given_and_no_launcher_a_process_trains_alone_and_says_so(c
 ])
 def test_a_swarm_that_cannot_be_found_is_one_line_naming_what_to_pass(given, env, expected):
     with pytest.raises(ConfigError) as raised:
-        locate(gossip.GossipConfig(**given), set(given), env, LAYOUT)
+        locate(gossip.GossipConfig.of(**given), set(given), env, LAYOUT)
     assert str(raised.value).startswith(expected), raised.value
 
 
 def test_the_launchers_variables_give_what_the_arguments_do_not():
     env = {"RANK": "2", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    config = locate(gossip.GossipConfig(endpoints=()), set(), {**env, "WORLD_SIZE": "1", "RANK": "0"}, LAYOUT)
+    config = locate(gossip.GossipConfig.of(endpoints=()), set(), {**env, "WORLD_SIZE": "1", "RANK": "0"}, LAYOUT)
     assert (config.rank, config.world_size) == (0, 1)  # torchrun with one process: alone, nothing to meet
     endpoints = tuple(f"tcp://127.0.0.1:{47000 + r}" for r in range(3))
-    config = locate(gossip.GossipConfig(endpoints=endpoints, world_size=3), {"endpoints"}, env, LAYOUT)
-    assert (config.rank, config.world_size, config.endpoints) == (2, 3, endpoints)  # endpoints given: no store
+    config = locate(gossip.GossipConfig.of(endpoints=endpoints, world_size=3), {"endpoints"}, env, LAYOUT)
+    assert (config.rank, config.world_size, config.network.endpoints) == (2, 3, endpoints)  # endpoints given: no store
 
 
 def test_errors_name_keyword_arguments_not_flags():
@@ -59,8 +59,10 @@ def test_errors_name_keyword_arguments_not_flags():
     assert as_keywords("lower --lr") == "lower --lr"  # (no keyword of attach sets it)
     with pytest.raises(ConfigError, match=r"^chunk_mb 1000 is out of range"):
         gossip.attach(vector_model(torch.zeros(3)), chunk_mb=1000, environ={})
-    with pytest.raises(ConfigError, match="got an unexpected keyword argument 'nodez'"):
+    with pytest.raises(ConfigError, match="^unknown option 'nodez'; see gossip.GossipConfig for the options$"):
         gossip.attach(vector_model(torch.zeros(3)), nodez=3, environ={})
+    with pytest.raises(ConfigError, match="^unknown option 'chunk_mib'; did you mean 'chunk_mb'"):
+        gossip.attach(vector_model(torch.zeros(3)), chunk_mib=4, environ={})
 
 
 def test_a_failed_attach_releases_its_socket_and_thread_so_a_retry_works():

@@ -71,7 +71,7 @@ def test_a_diverged_peer_logs_on_and_the_run_fails_through_the_health_check(tmp_
     """The peers' models went NaN: their logs hold the NaN loss and weight as null, and the summary
     refuses the averaged model with the health check's message (gossip/health.py)."""
     nodes, dim = 2, 8
-    cfg = RunConfig(nodes=nodes, task="consensus", dim=dim, steps=4, gossip=GossipConfig(world_size=nodes))
+    cfg = RunConfig(nodes=nodes, task="consensus", dim=dim, steps=4, gossip=GossipConfig.of(world_size=nodes))
     task = build_task("consensus", TaskContext(0, nodes, 0, dim=dim))
     state = {name: torch.full_like(value, math.nan) for name, value in task.model.state_dict().items()}
     for rank in range(nodes):

@@ -92,7 +92,7 @@ def test_peers_started_by_hand_join_with_the_line_the_first_peer_prints(peers, t
     result = json.loads((out / "summary.json").read_text())
     assert [p["rank"] for p in result["peers"]] == [0, 1, 2] and all(p["rounds"] == 60 for p in result["peers"])
     assert result["mean_test_accuracy"] >= 0.8
-    endpoints = json.loads((out / "config.json").read_text())["gossip"]["endpoints"]
+    endpoints = json.loads((out / "config.json").read_text())["gossip"]["network"]["endpoints"]
     assert endpoints == [f"tcp://127.0.0.1:{base + r}" for r in range(3)]  # announced: the route to the store
 
 

@@ -74,7 +74,7 @@ def test_peers_started_by_hand_on_two_hosts_join_with_the_line_the_first_prints(
                 proc.kill()
                 proc.wait(10)
     assert [p.returncode for p in procs] == [0, 0, 0], outputs
-    endpoints = json.loads((out / "config.json").read_text())["gossip"]["endpoints"]
+    endpoints = json.loads((out / "config.json").read_text())["gossip"]["network"]["endpoints"]
     # the joiners announce the address that routes to the first peer: their own end of the link
     assert endpoints == [f"tcp://{hosts.wan[0]}:{base}"] + [f"tcp://{hosts.wan[1]}:{base + r}" for r in (1, 2)]
     summary = subprocess.run([sys.executable, "-m", "launch.summary", str(out), "--no-plot"], cwd=ROOT,

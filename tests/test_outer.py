@@ -133,7 +133,8 @@ def test_outer_settings_resolve_and_bad_ones_get_one_line():
     for mode in ("ps-sync", "gossip-async", "ps-async"):
         with pytest.raises(ConfigError, match=f"--outer-optimizer sets the outer step of ps-avg's server or of each "
                                               f"gossip-sync peer, and --mode {mode} has none"):
-            RunConfig(nodes=2, gossip=GossipConfig(world_size=2, mode=mode),
+            RunConfig(nodes=2, gossip=GossipConfig.of(world_size=2, mode=mode),
                       coordinator=CoordinatorConfig(outer_optimizer="nesterov"))
     with pytest.raises(ConfigError, match="ps-avg's server steps with --outer-lr"):
-        RunConfig(nodes=2, gossip=GossipConfig(world_size=2, mode="ps-avg"), coordinator=CoordinatorConfig(server_lr=1))
+        RunConfig(nodes=2, gossip=GossipConfig.of(world_size=2, mode="ps-avg"),
+                  coordinator=CoordinatorConfig(server_lr=1))

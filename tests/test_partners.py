@@ -63,6 +63,6 @@ def test_only_the_random_topology_takes_partner_classes():
     with pytest.raises(TopologyConfigError, match="applies to the random topology"):
         topologies.prefer_similar(topologies.build("ring", 4), (0, 0, 1, 1))
     with pytest.raises(ConfigError, match="--partners similar-speed: .*use --topology random"):
-        GossipConfig(world_size=4, topology="exponential", partners="similar-speed", peer_speeds=(1, 1, 1, 0.25))
-    config = GossipConfig(world_size=4, topology="random", partners="similar-speed", peer_speeds=(1, 1, 0.25, 0.25))
+        GossipConfig.of(world_size=4, topology="exponential", partners="similar-speed", peer_speeds=(1, 1, 1, 0.25))
+    config = GossipConfig.of(world_size=4, topology="random", partners="similar-speed", peer_speeds=(1, 1, 0.25, 0.25))
     assert config.build_topology().classes == (0, 0, 2, 2)

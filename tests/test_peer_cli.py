@@ -84,7 +84,7 @@ def test_a_remote_peer_is_started_with_the_run_flags_its_rank_and_the_host_list(
                                           "--remote-python", "/opt/py/bin/python", "--out", str(tmp_path)])
     rendezvous = flags.rendezvous_from_args(args)
     cfg = run_config(args, "a:1,b:1", nodes_given=False)
-    assert cfg.gossip.endpoints == ("tcp://a:47000", "tcp://b:47001")
+    assert cfg.gossip.network.endpoints == ("tcp://a:47000", "tcp://b:47001")
     command = remote_command(cfg, rendezvous, "a:1,b:1", "b", ["--rank", "1"])
     assert command[:4] == ["ssh", "-p", "2222", "b"]
     assert "GOSSIP_STOP_ON_EOF=1" in command[4] and "exec /opt/py/bin/python -m launch.peer" in command[4]

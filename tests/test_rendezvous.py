@@ -153,9 +153,9 @@ def test_endpoints_and_what_a_peer_binds():
     with pytest.raises(ConfigError, match="write tcp://HOST:PORT"):
         split_endpoint("10.0.0.1:47000")
     assert [bindable(h) for h in ("10.1.2.3", "localhost", "node07")] == ["10.1.2.3", "127.0.0.1", "0.0.0.0"]
-    config = GossipConfig(rank=1, world_size=2, endpoints=("tcp://node07:5000", "tcp://10.0.0.2:5001"))
+    config = GossipConfig.of(rank=1, world_size=2, endpoints=("tcp://node07:5000", "tcp://10.0.0.2:5001"))
     assert [config.bind_endpoint(r) for r in (0, 1)] == ["tcp://0.0.0.0:5000", "tcp://10.0.0.2:5001"]
-    assert GossipConfig(bind="0.0.0.0").bind_endpoint(0) == "tcp://0.0.0.0:47000"
+    assert GossipConfig.of(bind="0.0.0.0").bind_endpoint(0) == "tcp://0.0.0.0:47000"
     assert GossipConfig().bind_endpoint(0) == GossipConfig().endpoint(0) == "tcp://127.0.0.1:47000"
 
 

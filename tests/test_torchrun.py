@@ -52,7 +52,7 @@ def test_two_torchrun_agents_form_one_gossip_swarm(tmp_path):
     assert [a.returncode for a in agents] == [0, 0], outputs
     config = json.loads((out / "config.json").read_text())
     assert config["nodes"] == 2
-    assert config["gossip"]["endpoints"] == [f"tcp://127.0.0.1:{base + r}" for r in (0, 1)]
+    assert config["gossip"]["network"]["endpoints"] == [f"tcp://127.0.0.1:{base + r}" for r in (0, 1)]
     for rank in (0, 1):
         end = last_event(out, rank)
         assert end["event"] == "end" and end["rounds"] == 80 and end["bytes_received"] > 0

@@ -243,7 +243,7 @@ def test_without_overlap_weights_still_being_sent_are_not_changed(ipc):
     mute = context.socket(zmq.DEALER)
     mute.setsockopt(zmq.LINGER, 0)
     mute.connect(eps[0])
-    twin = FlatParams(vector_model(torch.ones(numel)), GossipConfig().chunk_bytes)
+    twin = FlatParams(vector_model(torch.ones(numel)), GossipConfig().network.chunk_bytes)
     mute.send_multipart(encode(Header(kind="hello", sender=1)))
     for round in (0, 1):
         header = params_header("params", 1, twin.layout, twin.chunk_bytes, round=round, step=round + 1)

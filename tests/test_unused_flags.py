@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from gossip.config import USED_ONLY_IN, CoordinatorConfig, GossipConfig, RunConfig
+from gossip.config import GOSSIP_FIELDS, USED_ONLY_IN, CoordinatorConfig, GossipConfig, RunConfig
 from launch.cli import main
 from launch.flags import READ_BY_EVERY_RUN, TABLE
 from launch.peer import main as peer_main
@@ -50,7 +50,7 @@ def test_every_flag_is_either_read_by_every_run_or_says_where_it_applies():
 
 
 def test_every_condition_names_a_setting_of_the_run():
-    fields = {f.name for cls in (RunConfig, GossipConfig, CoordinatorConfig) for f in dataclasses.fields(cls)}
+    fields = {f.name for cls in (RunConfig, CoordinatorConfig) for f in dataclasses.fields(cls)} | set(GOSSIP_FIELDS)
     assert {need.setting for needs in USED_ONLY_IN.values() for need in needs} <= fields
     assert set(USED_ONLY_IN) <= fields
 
@@ -151,7 +151,7 @@ def test_a_setting_is_accepted_where_it_is_read(fields):
     ({"mode": "ps-avg"}, {"local_steps": 3, "missing_worker": "continue"}),
 ])
 def test_a_mode_specific_setting_is_accepted_in_its_mode(gossip, coordinator):
-    RunConfig(gossip=GossipConfig(world_size=4, **gossip), coordinator=CoordinatorConfig(**coordinator))
+    RunConfig(gossip=GossipConfig.of(world_size=4, **gossip), coordinator=CoordinatorConfig(**coordinator))
 
 
 def test_gossip_peer_refuses_the_same(capsys):

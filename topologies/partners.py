@@ -9,7 +9,7 @@ class order, shuffled within a class), so a cycle crosses between classes only w
 and the next begins, and those crossings join neighbouring, hence similar, classes.
 
 Classes must be the same on every peer, so they come from the declared speeds that every peer reads
-from the same configuration (``--speeds`` in local runs, ``GossipConfig.peer_speeds`` otherwise): peers
+from the same configuration (``--speeds`` in local runs, ``GossipConfig.graph.peer_speeds`` otherwise): peers
 measure their own speed, but no peer sees every other peer's measurement to agree on a graph. The cost is
 mixing: fewer edges between groups raise the second-largest eigenvalue modulus (``slem``), which tests
 and the summary report.

@@ -11,8 +11,8 @@ from gossip.config import GossipConfig
 def averager_class(config: GossipConfig) -> type[Averager]:
     """The averager of a gossip mode: gossip-async is push-sum unless ``async_rule`` is "latest"."""
     if config.mode == "gossip-async":
-        return LatestGossip if config.async_rule == "latest" else AsyncPushSum
-    return SyncGossip if config.compress == "none" else CompressedGossip
+        return LatestGossip if config.asynchronous.async_rule == "latest" else AsyncPushSum
+    return SyncGossip if config.compression.compress == "none" else CompressedGossip
 
 
 __all__ = ["AsyncPushSum", "Averager", "CompressedGossip", "LatestGossip", "SyncGossip", "averager_class"]

@@ -78,10 +78,10 @@ class Averager(ABC):
         self.mix_seconds = 0.0
         self.resumed_at: int | None = None  # the round we rejoined the others in, after --resume
         self.mailbox = self._make_mailbox()
-        self.mailbox.peer_timeout = config.peer_timeout
+        self.mailbox.peer_timeout = config.timeouts.peer_timeout
         if not config.parameter_server:  # (a server's version counts every worker's updates)
-            self.mailbox.max_rounds, self.mailbox.max_steps = config.max_rounds, config.max_steps
-            self.mailbox.max_weight = config.max_weight
+            self.mailbox.max_rounds, self.mailbox.max_steps = config.bounds.max_rounds, config.bounds.max_steps
+            self.mailbox.max_weight = config.bounds.max_weight
         self.transport: Link = (connect or connector(config, self.rank, flat.layout))(self.mailbox)
         self._closed = False
         self.aborted = ""  # the reason we told the others the run stops for (``abort``)
@@ -102,13 +102,13 @@ class Averager(ABC):
 
     def _due(self) -> bool:
         """Is this step a mixing point of the schedule? (When to mix, kept apart from how.)"""
-        if self.config.schedule == "steps":
-            return self.local_step % self.config.gossip_every == 0
-        return time.monotonic() >= self._anchor + (self.mixing_points + 1) * self.config.round_seconds
+        if self.config.graph.schedule == "steps":
+            return self.local_step % self.config.graph.gossip_every == 0
+        return time.monotonic() >= self._anchor + (self.mixing_points + 1) * self.config.graph.round_seconds
 
     def _close_flush_seconds(self) -> float:
         """How long close() may spend delivering what is queued: the final sync round must arrive."""
-        return self.config.shutdown_timeout
+        return self.config.timeouts.shutdown_timeout
 
     # -- public ----------------------------------------------------------------------------------------
     def start(self, resume: dict[str, Any] | None = None) -> Averager:
@@ -127,7 +127,7 @@ class Averager(ABC):
             self.close(finish=False)
             raise
         # schedule "time" counts rounds from here (a rejoined peer from the round it rejoined in)
-        self._anchor = self._round_began = time.monotonic() - self.mixing_points * self.config.round_seconds
+        self._anchor = self._round_began = time.monotonic() - self.mixing_points * self.config.graph.round_seconds
         return self
 
     def state_dict(self) -> dict[str, Any]:
@@ -235,7 +235,7 @@ class Averager(ABC):
 
     def _past_horizon(self) -> bool:
         """We did every step the run allows any peer (``max_steps``: all of a swarm's budget, alone)."""
-        return bool(self.config.max_steps) and self.local_step >= self.config.max_steps
+        return bool(self.config.bounds.max_steps) and self.local_step >= self.config.bounds.max_steps
 
     def schedule_step(self) -> int:
         """Where a learning-rate schedule written over ``--steps`` steps is: at our own step, or in the
@@ -263,7 +263,7 @@ class Averager(ABC):
         we sent (briefly); otherwise nothing."""
         if finish:
             return self._close_flush_seconds()
-        return min(ABORT_FLUSH_SECONDS, self.config.shutdown_timeout) if self.aborted else 0.0
+        return min(ABORT_FLUSH_SECONDS, self.config.timeouts.shutdown_timeout) if self.aborted else 0.0
 
     def __enter__(self) -> Averager:
         return self

@@ -58,7 +58,7 @@ class CompressedGossip(GossipAverager):
         # (the config refused a directed or time-varying topology)
         super().__init__(flat, config, topology, outer, connect)
         self._pending: int | None = None  # the round whose neighbours' differences are still to mix
-        self.codec = self.config.compress
+        self.codec = self.config.compression.compress
         self._frames_per_row = frames_per_row(self.codec)
         self.public = self._zeros()  # x^_i, per segment
         neighbours = self.topology.in_neighbours(self.rank, 0) if self.topology is not None else ()  # (None: alone)
@@ -72,8 +72,8 @@ class CompressedGossip(GossipAverager):
                 for s in self.flat.segments]
 
     def _make_mailbox(self) -> RoundMailbox:
-        mailbox = self._round_mailbox(dataclasses.replace(self.flat.layout, codec=self.config.compress))
-        mailbox.accepts = frozenset({"hello", "welcome", CODEC_KINDS[self.config.compress]})
+        mailbox = self._round_mailbox(dataclasses.replace(self.flat.layout, codec=self.config.compression.compress))
+        mailbox.accepts = frozenset({"hello", "welcome", CODEC_KINDS[self.config.compression.compress]})
         return mailbox
 
     def _prepare_rejoin(self) -> None:
@@ -91,13 +91,13 @@ class CompressedGossip(GossipAverager):
         super()._prune_dead()
 
     def _gossip(self) -> None:
-        if self.config.overlap:
+        if self.config.sync.overlap:
             self._complete_round()
         self._prune_dead()
         round = self.rounds
         self._send_difference(round)
         self._pending = round
-        if not self.config.overlap:
+        if not self.config.sync.overlap:
             self._complete_round()
 
     def _send_difference(self, round: int) -> None:
@@ -111,7 +111,7 @@ class CompressedGossip(GossipAverager):
             frames = [frame.cpu() for frame in frames]
         header = self._payload_header(CODEC_KINDS[self.codec], round, weight=1.0)
         self.transport.post(self._live_out_neighbours(round), encode(header, frames), latest_only=False,
-                            timeout=self.config.send_timeout)
+                            timeout=self.config.timeouts.send_timeout)
 
     def _finish(self) -> None:
         """Mix the differences of the round still in flight before the sockets close."""
@@ -125,10 +125,10 @@ class CompressedGossip(GossipAverager):
         round, self._pending = self._pending, None
         senders = tuple(j for j in self.topology.in_neighbours(self.rank, round) if j not in self.dead)
         with self._timed_wait():
-            messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
+            messages = self.mailbox.wait_round(round, senders, self.config.timeouts.round_timeout)
         for j in self.dead & self.replicas.keys():  # a dead neighbour's term is gone for good
             del self.replicas[j]
-        row, step = self.topology.mixing_matrix(round)[self.rank], self.config.consensus_step
+        row, step = self.topology.mixing_matrix(round)[self.rank], self.config.compression.consensus_step
         shares = [(float(row[j]), self.replicas[j], message.chunks) for j, message in sorted(messages.items())
                   if j in self.replicas]  # (not from a neighbour declared dead: its term is gone)
         per_row = self._frames_per_row

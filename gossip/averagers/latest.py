@@ -58,7 +58,7 @@ class LatestGossip(GossipAverager):
     def _close_flush_seconds(self) -> float:
         # Snapshots are best effort, and a neighbour that already finished would never take ours; but a
         # hello or snapshot to a neighbour still connecting deserves a moment.
-        return min(1.0, self.config.shutdown_timeout)
+        return min(1.0, self.config.timeouts.shutdown_timeout)
 
     def _make_mailbox(self) -> LatestMailbox:
         return LatestMailbox(self.rank, self.config.world_size, self.flat.layout, self._expects)
@@ -85,7 +85,7 @@ class LatestGossip(GossipAverager):
         self.rounds += 1
         self._send_snapshot(self.rounds, latest_only=True, snapshot=snapshot)
         self._sent_step = self.local_step
-        self._after_mix = snapshot if self.config.rate_compensation == "on" else None
+        self._after_mix = snapshot if self.config.asynchronous.rate_compensation == "on" else None
 
     def _scale_progress(self) -> None:
         """Rate compensation: x <- s + c (x - s), the progress since our last mix (s, the model it left)
@@ -110,7 +110,7 @@ class LatestGossip(GossipAverager):
         bye = Header(kind="bye", sender=self.rank, round=self.rounds, step=self.local_step,
                      progress=self.progress.vector() if self.progress is not None else ())
         try:
-            self.transport.post(dests, encode(bye), latest_only=False, timeout=self.config.send_timeout)
+            self.transport.post(dests, encode(bye), latest_only=False, timeout=self.config.timeouts.send_timeout)
         except PeerTimeout:  # a neighbour that takes nothing more: it ages our snapshot out as before
             log.info("peer %d: no room to say bye to peer(s) %s", self.rank, dests)
 
@@ -124,14 +124,14 @@ class LatestGossip(GossipAverager):
             neighbours[sender] = (w, received.staleness(self.local_step))
         self_weight = float(self.topology.mixing_matrix(self.rounds)[self.rank, self.rank])
         cfg = self.config
-        self_coef, coefs = stale_weights(self_weight, neighbours, cfg.staleness_weight,
-                                         cfg.staleness_temperature, cfg.max_staleness)
+        self_coef, coefs = stale_weights(self_weight, neighbours, cfg.asynchronous.staleness_weight,
+                                         cfg.asynchronous.staleness_temperature, cfg.asynchronous.max_staleness)
         self.ignored_stale += len(neighbours) - len(coefs)
-        robust = cfg.aggregate != "mean"  # each snapshot within max_staleness counts once, unweighted
+        robust = cfg.robust.aggregate != "mean"  # each snapshot within max_staleness counts once, unweighted
         live = [j for j in self.topology.in_neighbours(self.rank, self.rounds) if j not in self.dead]
         if robust and len(coefs) + 1 < MIN_INPUTS <= len(live) + 1:
             coefs = {}  # too few to outvote one, and more are coming: wait for them (gossip/aggregate.py)
-        self.last_mix = {("aggregate" if robust else "self"): cfg.aggregate if robust else self_coef,
+        self.last_mix = {("aggregate" if robust else "self"): cfg.robust.aggregate if robust else self_coef,
                          **{str(j): [neighbours[j][1], neighbours[j][0], None if robust else c]
                             for j, c in coefs.items()}}
         if not coefs:
@@ -144,7 +144,7 @@ class LatestGossip(GossipAverager):
         with self._timed_mix():
             if robust:  # x <- agg(x, s_j...)
                 models = [list(self.flat.views())] + [held[sender].message.chunks for sender in coefs]
-                aggregate_into_(models[0], models, cfg.aggregate, cfg.trim_fraction)
+                aggregate_into_(models[0], models, cfg.robust.aggregate, cfg.robust.trim_fraction)
                 return self.flat.snapshot()
             return self.flat.combine_(terms, snapshot=True)
 

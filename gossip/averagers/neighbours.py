@@ -50,8 +50,8 @@ class GossipAverager(Averager):
         self.deaths = self.readmitted = 0  # neighbours declared dead / re-admitted after a restart
         super().__init__(flat, config, connect)
         self.outer = OuterStep(flat, *outer) if outer is not None else None
-        if self.outer is not None and not (self.takes_outer and config.deadline == "fixed"
-                                           and config.weight_by == "none"):
+        if self.outer is not None and not (self.takes_outer and config.sync.deadline == "fixed"
+                                           and config.sync.weight_by == "none"):
             raise ConfigError(f"an outer optimizer ({outer[0]}, lr {outer[1]:g}, momentum {outer[2]:g}) needs the "
                               "lockstep mix of gossip-sync with fixed deadlines, no --weight-by and no --compress, "
                               "whose push-sum weights all stay 1; use that, or ps-avg")
@@ -101,7 +101,7 @@ class GossipAverager(Averager):
     def _rate_factor(self) -> float:
         """At a mixing point: how much the progress since the last one counts, the seconds it took times the
         swarm's mean rate per step (``gossip/progress.py``: rbar / r_i) with rate compensation, else 1."""
-        if self.progress is None or self.config.rate_compensation != "on":
+        if self.progress is None or self.config.asynchronous.rate_compensation != "on":
             return 1.0
         steps = self.local_step - self._mixed_at[0]
         if not steps:
@@ -123,8 +123,8 @@ class GossipAverager(Averager):
     def _greet(self) -> None:
         """Say hello to every first-round neighbour and wait for theirs."""
         neighbours = self._hello_peers()
-        self.transport.post(neighbours, self._hello(), latest_only=False, timeout=self.config.send_timeout)
-        self.mailbox.wait_hellos(neighbours, self.config.startup_timeout)
+        self.transport.post(neighbours, self._hello(), latest_only=False, timeout=self.config.timeouts.send_timeout)
+        self.mailbox.wait_hellos(neighbours, self.config.timeouts.startup_timeout)
 
     def _rejoin_gossip(self, found: bool, blend: bool = False) -> dict[int, Header]:
         """The gossip modes' rejoin: say hello to everyone we may exchange with, who re-admit us at their
@@ -135,9 +135,9 @@ class GossipAverager(Averager):
         peers = self._rejoin_peers()
         self.mailbox.rejoin.keep_first = not found or blend
         self.mailbox.rejoin.rejoining = True
-        self.transport.post(peers, self._hello(), latest_only=False, timeout=self.config.send_timeout)
+        self.transport.post(peers, self._hello(), latest_only=False, timeout=self.config.timeouts.send_timeout)
         with self._timed_wait():
-            first = self.mailbox.wait_first(self._hello_peers(), self.config.round_timeout)
+            first = self.mailbox.wait_first(self._hello_peers(), self.config.timeouts.round_timeout)
         self.mailbox.rejoin.rejoining = False
         silent = set(self._hello_peers()) - first.keys()
         if silent:
@@ -164,8 +164,8 @@ class GossipAverager(Averager):
         """Rejoined: take ``round`` as ours. The local step jumps with the round under schedule "steps", so we
         end with the others (``gossip_every`` steps per round)."""
         self.rounds = self.mixing_points = self.resumed_at = round
-        if self.config.schedule == "steps":
-            self.local_step = self.mailbox.local_step = max(self.local_step, round * self.config.gossip_every)
+        if self.config.graph.schedule == "steps":
+            self.local_step = self.mailbox.local_step = max(self.local_step, round * self.config.graph.gossip_every)
         self._mixed_at = (self.local_step, self.samples)
 
     def _hello(self) -> list:
@@ -197,14 +197,14 @@ class GossipAverager(Averager):
             self.readmitted += 1
             welcome = Header(kind="welcome", sender=self.rank, round=self.rounds, step=self.local_step,
                              nonce=self.mailbox.nonce_of(peer))
-            self.transport.post([peer], encode(welcome), latest_only=False, timeout=self.config.send_timeout)
+            self.transport.post([peer], encode(welcome), latest_only=False, timeout=self.config.timeouts.send_timeout)
             log.warning("peer %d: peer %d started again; re-admitted at round %d", self.rank, peer, self.rounds)
         for peer in sorted(self.mailbox.dead() - self.dead):
             self.dead.add(peer)
             self.deaths += 1
             self.transport.forget(peer)
             log.warning("peer %d: peer %d is dead (no connection for %g s, --peer-timeout); going on without it, "
-                        "its weights renormalised over the others", self.rank, peer, self.config.peer_timeout)
+                        "its weights renormalised over the others", self.rank, peer, self.config.timeouts.peer_timeout)
 
     def statistics(self) -> dict:
         swarm = {} if self.progress is None else {"swarm_steps": self.progress.total,
@@ -220,16 +220,17 @@ class GossipAverager(Averager):
         ``Delivery`` of it."""
         snapshot = snapshot if snapshot is not None else self.flat.snapshot()
         frames = self._snapshot_frames(round, snapshot, weight)
-        track = track and self.rank not in self.config.byzantine  # (garbage is fresh tensors: nothing of ours held)
+        # (garbage is fresh tensors: nothing of ours held)
+        track = track and self.rank not in self.config.robust.byzantine
         return self.transport.post(self._live_out_neighbours(round), frames, latest_only=latest_only,
-                                   timeout=self.config.send_timeout, track=track)
+                                   timeout=self.config.timeouts.send_timeout, track=track)
 
     def _snapshot_frames(self, round: int, snapshot: list, weight: float) -> list:
         """The frames of a "params" message carrying ``snapshot`` with push-sum mass ``weight``."""
         header = self._payload_header("params", round, weight)
-        if self.rank in self.config.byzantine:  # fault injection: the wire gets garbage, our own model is kept
+        if self.rank in self.config.robust.byzantine:  # fault injection: the wire gets garbage, our own model is kept
             seed = ((self.config.seed * 1_000_003 + self.rank) * 1_000_003 + round) % (1 << 63)  # torch's seed range
-            return encode(header, byzantine_garbage(snapshot, self.config.byzantine_scale, seed))
+            return encode(header, byzantine_garbage(snapshot, self.config.robust.byzantine_scale, seed))
         return encode(header, snapshot)
 
     def _payload_header(self, kind: str, round: int, weight: float) -> Header:

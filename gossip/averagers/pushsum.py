@@ -125,7 +125,7 @@ class AsyncPushSum(GossipAverager):
         for weight, group in ((self.mass.weight, [k for k in ready if k not in pings]), (0.0, pings)):
             if group:
                 taken = self.transport.offer(group, self._snapshot_frames(round, snapshot, weight),
-                                             self.config.send_timeout)
+                                             self.config.timeouts.send_timeout)
                 sent += taken if weight else []
                 for dest in taken:
                     self.flow.sent(dest, heard[dest])
@@ -142,7 +142,7 @@ class AsyncPushSum(GossipAverager):
             return None
         if final:
             with self._timed_wait():
-                self.mailbox.wait_drained(self._peers_in_any_round(), self.config.round_timeout)
+                self.mailbox.wait_drained(self._peers_in_any_round(), self.config.timeouts.round_timeout)
         arrived = self.mass.take_arrived(self.mailbox)
         with self._timed_mix():
             snapshot = self.mass.mix(pending, arrived, snapshot=take_snapshot)
@@ -182,7 +182,7 @@ class AsyncPushSum(GossipAverager):
         bye = Header(kind=kind, sender=self.rank, round=self._last_sent.get(dest, -1) + 1, step=self.local_step,
                      progress=self.progress.vector() if self.progress is not None else ())
         try:
-            self.transport.post([dest], encode(bye), latest_only=False, timeout=self.config.send_timeout)
+            self.transport.post([dest], encode(bye), latest_only=False, timeout=self.config.timeouts.send_timeout)
         except PeerTimeout:  # its outbox stayed full: it no longer reads, so it will not wait for this
             self.transport.forget(dest)
 
@@ -191,7 +191,7 @@ class AsyncPushSum(GossipAverager):
         return self._rejoin_peers()
 
     def _close_flush_seconds(self) -> float:
-        return self.config.shutdown_timeout  # the byes must arrive: the neighbours wait for them
+        return self.config.timeouts.shutdown_timeout  # the byes must arrive: the neighbours wait for them
 
     def statistics(self) -> dict:
         return {**super().statistics(), "weight": self.mass.weight, "last_mixed_rounds": self.mass.last_mixed_rounds,

@@ -37,14 +37,15 @@ class SentWeights:
 
     def __init__(self, flat: FlatParams, config: GossipConfig, rank: int) -> None:
         self.flat, self.rank = flat, rank
-        self.grace = min(SEND_GRACE, config.round_timeout)
+        self.grace = min(SEND_GRACE, config.timeouts.round_timeout)
         self.copies = 0  # snapshots copied from the weights (overlap); the other rounds sent them uncopied
         self.relocated = 0  # times the weights moved to a copy because ZeroMQ still sent them
         self._live: Delivery | None = None  # the weights' own uncopied send
         self._snapshot: Delivery | None = None  # the last copied snapshot's send
         self._versions = 0  # the parameters' version counters when the weights went out uncopied
-        lazy = (config.overlap and config.lazy_snapshot and config.world_size > 1 and flat.device.type == "cpu"
-                and config.aggregate == "mean" and config.deadline == "fixed" and rank not in config.byzantine)
+        sync, robust = config.sync, config.robust
+        lazy = (sync.overlap and sync.lazy_snapshot and config.world_size > 1 and flat.device.type == "cpu"
+                and robust.aggregate == "mean" and sync.deadline == "fixed" and rank not in robust.byzantine)
         self._watch = WriteWatch(flat) if lazy else None
 
     def copy_next(self) -> bool:

@@ -97,8 +97,9 @@ class SyncGossip(GossipAverager):
         self.mass = PushSumMass(self.flat, snapshot_credit)  # w_i, the pushed round, and the mix that completes it
         self.sent = SentWeights(self.flat, cfg, self.rank)  # what went out, and the watch for writes to it
         self.late_mixed = 0  # messages mixed after the round they were sent for
-        self.deadlines = ArrivalDeadlines(self.rank, cfg.deadline_k, cfg.deadline_floor, cfg.deadline_window,
-                                          cfg.straggler_fraction, cfg.pace_tolerance)
+        sync = cfg.sync
+        self.deadlines = ArrivalDeadlines(self.rank, sync.deadline_k, sync.deadline_floor, sync.deadline_window,
+                                          sync.straggler_fraction, sync.pace_tolerance)
         self._wait_started: dict[int, float] = {}  # round -> when we started waiting for it (adaptive)
 
     @property
@@ -108,7 +109,7 @@ class SyncGossip(GossipAverager):
 
     @property
     def adaptive(self) -> bool:
-        return self.config.deadline == "adaptive"
+        return self.config.sync.deadline == "adaptive"
 
     def _make_mailbox(self) -> RoundMailbox | MassMailbox:
         if self.adaptive:
@@ -116,7 +117,7 @@ class SyncGossip(GossipAverager):
         return self._round_mailbox(self.flat.layout)
 
     def _gossip(self) -> None:
-        if not self.config.overlap or self.outer is not None:  # (the outer step needs this round's weights)
+        if not self.config.sync.overlap or self.outer is not None:  # (the outer step needs this round's weights)
             self._gossip_in_place()
             return
         # Copy the next snapshot during the mix if the weights were written since the last mixing point
@@ -144,7 +145,7 @@ class SyncGossip(GossipAverager):
         """``overlap`` off: send this round's weights themselves (uncopied on the CPU), wait for the
         neighbours' and mix them in before training goes on, with s_i = z_i: three arrays, no snapshot."""
         round = self._open_round()
-        live = self.flat.device.type == "cpu" and self.config.aggregate == "mean"
+        live = self.flat.device.type == "cpu" and self.config.robust.aggregate == "mean"
         own = None if live else self.flat.snapshot()  # (a GPU's weights go through host memory anyway)
         sent = list(self.flat.views()) if live else own
         self.sent.sent_live(self._send_snapshot(round, latest_only=False, snapshot=sent, weight=self.weight,
@@ -155,7 +156,7 @@ class SyncGossip(GossipAverager):
     def _open_round(self) -> int:
         """Before sending round ``rounds``: drop dead neighbours, set this round's push-sum weight; the round."""
         self._prune_dead()
-        if self.config.weight_by == "samples":
+        if self.config.sync.weight_by == "samples":
             self.mass.weight = float(self._represented_since_mix())
         return self.rounds
 
@@ -184,7 +185,7 @@ class SyncGossip(GossipAverager):
                         header0 = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes,
                                                 round=round, step=self.local_step, weight=0.0)
                         self.transport.post([j], encode(header0, self.flat.snapshot()), latest_only=False,
-                                            timeout=self.config.send_timeout)
+                                            timeout=self.config.timeouts.send_timeout)
             self.mailbox.anchor(rejoin)
         self._go_on_from(rejoin)
 
@@ -195,7 +196,7 @@ class SyncGossip(GossipAverager):
             self.sent.close()
 
     def _finish(self) -> None:
-        if not self.config.overlap and self.adaptive and self.rounds > 0:
+        if not self.config.sync.overlap and self.adaptive and self.rounds > 0:
             # every round was mixed at its deadline; now wait for the late mass addressed to us (nothing sent)
             self.mass.pushed(self.rounds - 1, None, 1.0)
         self._complete_round(take_snapshot=False, final=True)
@@ -207,10 +208,11 @@ class SyncGossip(GossipAverager):
         if pending is None:
             return None
         arrived = self._receive(pending.round, final=final)
-        if self.config.aggregate != "mean":  # z_i += agg(s_i, s_j...) - s_i, no push-sum mass (see the docstring)
+        robust = self.config.robust
+        if robust.aggregate != "mean":  # z_i += agg(s_i, s_j...) - s_i, no push-sum mass (see the docstring)
             models = [pending.own] + [chunks for _, chunks in arrived]  # once each, whatever weight (even 0) it claims
             with self._timed_mix():
-                aggregate_into_(list(self.flat.views()), models, self.config.aggregate, self.config.trim_fraction,
+                aggregate_into_(list(self.flat.views()), models, robust.aggregate, robust.trim_fraction,
                                 relative_to=pending.own)
                 if self.outer is not None:
                     self.outer.apply_()
@@ -235,13 +237,13 @@ class SyncGossip(GossipAverager):
         senders = tuple(j for j in self.topology.in_neighbours(self.rank, round) if j not in self.dead)
         if not self.adaptive:
             with self._timed_wait():
-                messages = self.mailbox.wait_round(round, senders, self.config.round_timeout)
+                messages = self.mailbox.wait_round(round, senders, self.config.timeouts.round_timeout)
             row = self.topology.mixing_matrix(round)[self.rank]
             # in rank order, not arrival order: the same sums in the same order make a run reproducible
             return [(float(row[j]) * m.header.weight, m.chunks) for j, m in sorted(messages.items())]
         with self._timed_wait():
             if final:
-                self.mailbox.wait_counts(self._expected_counts(round), self.config.round_timeout)
+                self.mailbox.wait_counts(self._expected_counts(round), self.config.timeouts.round_timeout)
             else:
                 self._wait_deadlines(round, senders)
         self._note_arrivals(round)
@@ -252,12 +254,12 @@ class SyncGossip(GossipAverager):
         self._note_arrivals(round)
         # s/step times steps per round, as peers report theirs; this is mixing point mixing_points + 1
         own_pace = self.meter.step_seconds * self.local_step / (self.mixing_points + 1)
-        deadlines = {j: start + self.deadlines.deadline(j, self.config.round_timeout, own_pace,
+        deadlines = {j: start + self.deadlines.deadline(j, self.config.timeouts.round_timeout, own_pace,
                                                         self.mailbox.reported_pace(j)) for j in senders}
         missed = self.mailbox.wait_for(round, deadlines)
         for j in senders:
             self.deadlines.settle(j, j in missed)
-        for old in [r for r in self._wait_started if r < round - 4 * self.config.deadline_window]:
+        for old in [r for r in self._wait_started if r < round - 4 * self.config.sync.deadline_window]:
             del self._wait_started[old]
 
     def _note_arrivals(self, round: int) -> None:
@@ -283,7 +285,7 @@ class SyncGossip(GossipAverager):
 
     def statistics(self) -> dict:
         stats = {**super().statistics(), "weight": self.mass.weight}
-        if self.config.overlap:
+        if self.config.sync.overlap:
             stats["snapshot_copies"] = self.sent.copies
         stats["relocated"] = self.sent.relocated
         if self.adaptive:  # (push-sum mass, mixed whenever it comes)

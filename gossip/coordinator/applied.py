@@ -55,7 +55,7 @@ class AppliedUpdates:
         if problem is None:
             return
         config = self.cfg.gossip
-        if config.byzantine and config.aggregate == "mean":
+        if config.robust.byzantine and config.robust.aggregate == "mean":
             advice = ("the --byzantine workers' garbage reached the plain mean: use --aggregate "
                       f"{robust_rules(config.mode)}")
         elif not steps_an_optimizer(self.core):

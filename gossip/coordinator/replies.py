@@ -35,8 +35,8 @@ class Replies:
 
     def start(self) -> None:
         """Serving begins: compressed ps-avg's public copy starts as the weights (after a resume, those loaded)."""
-        if self.config.compress != "none":
-            self.answers = Answers(self.flat, self.config.compress, self.core.version)
+        if self.config.compression.compress != "none":
+            self.answers = Answers(self.flat, self.config.compression.compress, self.core.version)
 
     def contribution(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
         """A contribution's chunks as the core takes them (compressed ps-avg: decoded against our public weights)."""
@@ -63,9 +63,9 @@ class Replies:
                 self.events.write("reply" if kind == "weights" else "end-sent", worker=worker,
                                   version=self.core.version, clock=clock, lead=self.core.lead(worker))
                 self.transport.post([worker], encode(header, payload), latest_only=False,
-                                    timeout=self.config.send_timeout)
+                                    timeout=self.config.timeouts.send_timeout)
 
     def acknowledge(self, worker: int) -> None:
         """Answer a hello from a worker whose contribution we hold: we are alive, its answer is coming."""
         ack = encode(Header(kind="hello", sender=self.rank, round=self.core.version, step=self.core.clocks[worker]))
-        self.transport.post([worker], ack, latest_only=False, timeout=self.config.send_timeout)
+        self.transport.post([worker], ack, latest_only=False, timeout=self.config.timeouts.send_timeout)

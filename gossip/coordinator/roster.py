@@ -43,7 +43,7 @@ class Roster:
         version we never sent: anything else is a replay or a lie, dropped and counted."""
         worker, version = message.header.sender, message.header.version
         # (a compressed change is one from our weights of its version: only the current one is still ours)
-        stale = self.config.compress != "none" and version < self.core.version
+        stale = self.config.compression.compress != "none" and version < self.core.version
         reason = ("not-joined" if worker not in self.joined else "duplicate" if worker in self._waiting()
                   else "version" if version > self.core.version or stale else None)
         if reason is None:
@@ -67,7 +67,8 @@ class Roster:
         return False
 
     def wait_seconds(self) -> float:
-        return self.config.startup_timeout if len(self.joined) < self.workers else self.config.round_timeout
+        timeouts = self.config.timeouts
+        return timeouts.startup_timeout if len(self.joined) < self.workers else timeouts.round_timeout
 
     def gone(self) -> list[int]:
         """Workers we wait for that sent nothing for a whole timeout, which the server goes on without
@@ -84,9 +85,9 @@ class Roster:
         missing = sorted(set(range(self.workers)) - self.joined)
         if missing:
             return (f"the parameter server heard nothing from worker(s) {', '.join(map(str, missing))} within "
-                    f"{self.config.startup_timeout:g} s (--startup-timeout)")
+                    f"{self.config.timeouts.startup_timeout:g} s (--startup-timeout)")
         return (f"the parameter server heard nothing from worker(s) {', '.join(map(str, silent))} for "
-                f"{self.config.round_timeout:g} s (--round-timeout) while waiting for them "
+                f"{self.config.timeouts.round_timeout:g} s (--round-timeout) while waiting for them "
                 f"(--missing-worker continue goes on without them)")
 
     def _waiting(self) -> set[int]:

@@ -58,25 +58,25 @@ class ParameterServer:
         # on the CPU whatever --device says: its update rules take the workers' host buffers as they come
         context = context_for(cfg, 0)
         self.task = build_task(cfg.task, context)
-        self.flat = FlatParams(self.task.model, self.config.chunk_bytes)
+        self.flat = FlatParams(self.task.model, self.config.network.chunk_bytes)
         self.optimizer = outer_optimizer(cfg.coordinator) if self.config.mode == "ps-avg" else \
             server_optimizer(self.config.mode, context.optimizer, self.workers, cfg.coordinator, run_schedule(cfg))
         self.core: ServerCore = build_core(self.config.mode, cfg.coordinator, self.flat,
                                            self.optimizer.build(self.task.model.parameters()), self.workers,
                                            self.optimizer.schedule, cfg.nodes * cfg.steps if self.config.swarm_budget else 0,
-                                           memory=self._compensates("sgd"), aggregate=self.config.aggregate,
-                                           trim_fraction=self.config.trim_fraction)
+                                           memory=self._compensates("sgd"), aggregate=self.config.robust.aggregate,
+                                           trim_fraction=self.config.robust.trim_fraction)
         # an AdamW server's rate compensation: each gradient weighted rbar / r_i (rates.py, memory.py say why)
         self.rates = ArrivalRates(self.workers) if self._compensates("adamw") else None
         contribution = "params" if self.config.mode in SENDS_WEIGHTS else "grad"
         layout = self.flat.layout
-        if self.config.compress != "none":  # ps-avg: changes both ways, compressed (pseudograd.py)
-            contribution = CODEC_KINDS[self.config.compress]
-            layout = dataclasses.replace(layout, codec=self.config.compress)
+        if self.config.compression.compress != "none":  # ps-avg: changes both ways, compressed (pseudograd.py)
+            contribution = CODEC_KINDS[self.config.compression.compress]
+            layout = dataclasses.replace(layout, codec=self.config.compression.compress)
         self.mailbox = QueueMailbox(self.rank, self.workers + 1, layout,
                                     expects=lambda sender, round: sender < self.workers, capacity=4 * self.workers,
                                     contribution=contribution)
-        self.mailbox.max_steps, self.mailbox.max_weight = self.config.max_steps, 1.0  # workers send weight 1
+        self.mailbox.max_steps, self.mailbox.max_weight = self.config.bounds.max_steps, 1.0  # workers send weight 1
         self.transport = (connect or connector(self.config, self.rank, self.flat.layout, server=True))(self.mailbox)
         self.roster = Roster(self.config, self.workers, self.core, cfg.coordinator.missing_worker)
         self.replies = Replies(self.config, self.rank, self.flat, self.core, self.transport, events,
@@ -88,7 +88,7 @@ class ParameterServer:
 
     def _compensates(self, optimizer: str) -> bool:
         """Rate compensation applies, and the server steps ``optimizer``: an asynchronous gradient mode."""
-        return (self.config.mode in ASYNCHRONOUS and self.config.rate_compensation == "on"
+        return (self.config.mode in ASYNCHRONOUS and self.config.asynchronous.rate_compensation == "on"
                 and self.optimizer.name == optimizer)
 
     def serve(self) -> None:
@@ -138,7 +138,7 @@ class ParameterServer:
         continue``) give up on them and go on with the others, as soft synchronisation does."""
         for worker in self.roster.gone():
             log.warning("server: worker %d sent nothing for %.0f s; going on without it", worker,
-                        self.config.round_timeout)
+                        self.config.timeouts.round_timeout)
             self.events.write("gone", worker=worker, version=self.core.version)
             self._reply(self.core.leave(worker))
 
@@ -165,7 +165,7 @@ class ParameterServer:
         self.checkpoints.resume()
 
     def close(self, finish: bool) -> None:
-        self.transport.close(flush_timeout=self.config.shutdown_timeout if finish else 0.0)
+        self.transport.close(flush_timeout=self.config.timeouts.shutdown_timeout if finish else 0.0)
 
 
 def run_server(cfg: RunConfig, out: Path, resume: bool = False) -> None:

@@ -33,7 +33,8 @@ class PSWorker(Averager):
         self.sends_gradients = config.mode not in SENDS_WEIGHTS
         # ps-avg with --compress: our change since the server's public weights goes out compressed, and its
         # answers come as the change of those (pseudograd.py)
-        self.codec = config.compress if config.compress != "none" and not self.sends_gradients else None
+        compress = config.compression.compress
+        self.codec = compress if compress != "none" and not self.sends_gradients else None
         self.interval = 1 if self.sends_gradients else coordinator.local_steps
         self.retries = coordinator.server_retries
         self.rejoins = 0
@@ -55,14 +56,15 @@ class PSWorker(Averager):
     def _greet(self) -> None:
         """Say hello to the server, which answers with its weights: every worker starts from them."""
         self._hello()
-        self._load(self.config.startup_timeout)
+        self._load(self.config.timeouts.startup_timeout)
 
     def _gossip(self) -> None:
         kind, chunks = ("grad", self.flat.gradient_snapshot()) if self.sends_gradients else \
             ("params", self.flat.snapshot())
-        if self.rank in self.config.byzantine:  # fault injection: the server gets garbage; we go on from its answer
+        robust = self.config.robust
+        if self.rank in robust.byzantine:  # fault injection: the server gets garbage; we go on from its answer
             seed = ((self.config.seed * 1_000_003 + self.rank) * 1_000_003 + self.local_step) % (1 << 63)
-            chunks = byzantine_garbage(chunks, self.config.byzantine_scale, seed)
+            chunks = byzantine_garbage(chunks, robust.byzantine_scale, seed)
             if self.feedback is not None:
                 self.flat.copy_(chunks)  # (compressed: the garbage is what we encode the change of)
         if self.feedback is not None:
@@ -73,8 +75,8 @@ class PSWorker(Averager):
                                step=self.local_step, samples=self.samples, speed=self.meter.samples_per_second)
         self.mailbox.expect(self.local_step)
         self.transport.post([self.config.server_rank], encode(header, chunks), latest_only=False,
-                            timeout=self.config.send_timeout)
-        self._load(self.config.round_timeout)
+                            timeout=self.config.timeouts.send_timeout)
+        self._load(self.config.timeouts.round_timeout)
         self.rounds += 1
 
     def _load(self, timeout: float) -> None:
@@ -129,14 +131,16 @@ class PSWorker(Averager):
         """Hello at our current step; the server answers it (and any re-join) with that step."""
         self.mailbox.expect(self.local_step)
         hello = encode(Header(kind="hello", sender=self.rank, step=self.local_step))
-        self.transport.post([self.config.server_rank], hello, latest_only=False, timeout=self.config.send_timeout)
+        self.transport.post([self.config.server_rank], hello, latest_only=False,
+                            timeout=self.config.timeouts.send_timeout)
 
     def _finish(self) -> None:
         """Average the last local steps in (ps-avg), then tell the server we are done."""
         if not self.sends_gradients and self.local_step % self.interval:
             self._gossip()
         bye = encode(Header(kind="bye", sender=self.rank, step=self.local_step))
-        self.transport.post([self.config.server_rank], bye, latest_only=False, timeout=self.config.send_timeout)
+        self.transport.post([self.config.server_rank], bye, latest_only=False,
+                            timeout=self.config.timeouts.send_timeout)
 
     def statistics(self) -> dict:
         return {**super().statistics(), "version": self.version, "rejoins": self.rejoins}
