@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -54,10 +55,16 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--base-port", type=int, default=47000)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu, or cuda: this machine's GPU of the process's LOCAL_RANK (default: cuda if any)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # N peers on one machine must not oversubscribe its cores
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     torch.manual_seed(0)  # the same initial weights on every peer
-    model = CharTransformer(context=args.context)
+    model = CharTransformer(context=args.context).to(device)  # attach mixes the weights where they are
     averager = gossip.attach(model, base_port=args.base_port)  ###
     rank, world_size = averager.rank, averager.config.world_size
 
@@ -66,7 +73,8 @@ def main() -> None:
     text = torch.from_numpy(corpus.text.copy())
     mine = torch.from_numpy(cut.train[rank::world_size])  # this peer's shard
     loader = DataLoader(Windows(text, mine, args.context + 1), batch_size=args.batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(rank), drop_last=True)
+                        generator=torch.Generator().manual_seed(rank), drop_last=True,
+                        pin_memory=device.type == "cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.steps // 20, args.steps))
 
@@ -75,7 +83,7 @@ def main() -> None:
         while step < args.steps:
             for batch in loader:
                 optimizer.zero_grad()
-                loss = next_char_loss(model, batch)
+                loss = next_char_loss(model, batch.to(device, non_blocking=True))
                 loss.backward()
                 optimizer.step()
                 scheduler.step()
@@ -83,9 +91,10 @@ def main() -> None:
                 step += 1
                 if step == args.steps:
                     break
-    metrics = evaluator(model, gather(text, torch.from_numpy(cut.eval), args.context + 1))()
+    metrics = evaluator(model, gather(text, torch.from_numpy(cut.eval), args.context + 1).to(device))()
+    # one write of the whole line: the peers share torchrun's stdout, and print's text and newline are two
     print(f"peer {rank}: validation loss {metrics['loss']:.4f} nats ({metrics['bits_per_char']:.3f} bits per "
-          f"character) after {step} steps, {averager.rounds} gossip rounds", flush=True)
+          f"character) after {step} steps, {averager.rounds} gossip rounds\n", end="", flush=True)
 
 
 if __name__ == "__main__":
