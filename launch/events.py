@@ -63,9 +63,10 @@ def _dataset(value: Any) -> bool:
     return isinstance(value, dict) and all(check(value[k]) for k, check in kinds.items() if k in value)
 
 
-def _optimizer(value: Any) -> bool:  # the server's: shown as "NAME lr L, momentum M (RULE)"
-    return (isinstance(value, dict) and isinstance(value.get("name"), str) and isinstance(value.get("rule"), str)
-            and _is_number(value.get("lr")) and _is_number(value.get("momentum")))
+def _optimizer(value: Any) -> bool:  # the server's: shown as "NAME lr L, momentum M (RULE)"; null: it steps none
+    return value is None or (isinstance(value, dict) and isinstance(value.get("name"), str)
+                              and isinstance(value.get("rule"), str) and _is_number(value.get("lr"))
+                              and _is_number(value.get("momentum")))
 
 
 # check, and what a valid value is, in words
@@ -79,7 +80,7 @@ RANKS = (_ranks, "a list of ranks")
 DICT = (lambda v: isinstance(v, dict), "an object")
 TEXT = (lambda v: isinstance(v, str), "a string")
 DATASET = (_dataset, "an object with a string name and sha256 and counts of files and bytes")
-OPTIMIZER = (_optimizer, "an object with a string name and rule and numbers lr and momentum")
+OPTIMIZER = (_optimizer, "an object with a string name and rule and numbers lr and momentum, or null")
 
 # the fields the launcher reads, by event; each present one must pass its check
 FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {

@@ -221,6 +221,8 @@ def launch_run(tmp_path):
         result = Run(launcher.returncode, stdout, stderr, out)
         if expect_ok and result.returncode != 0:
             pytest.fail(f"launcher exited {result.returncode}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}")
+        if expect_ok:  # what our own peers and server write reads back whole
+            assert not result.summary.get("problems"), result.summary["problems"]
         return result
 
     yield run
