@@ -3,6 +3,7 @@
     python bench/lowcomm.py                                    # as root: it makes two network namespaces
     python bench/lowcomm.py --h 50 --every-step-rates 100mbit  # DDP and gossip-sync at 100 Mbit/s only
     python bench/lowcomm.py --steps 300 --h 10 --rates 100mbit # a quick look
+    python bench/lowcomm.py --rates 10mbit --every-step-rates none --ddp-reference DIR  # DDP from an earlier run
 
 Two hosts (Linux network namespaces, ``tests/netns.py``) joined by a veth link limited to each of ``--rates``
 in turn (``tc tbf``), ``--per-host`` peers on each (4: 8 peers), train the ``charlm`` task at its recipe
@@ -26,11 +27,13 @@ at the bytes sent by then: ``lowcomm-<rate>.png`` in ``--out`` plots validation 
 link, one curve per row. Results: ``--out`` (default ``bench/results/lowcomm``), one directory per row and
 rate, ``results.json``, the plots, and a markdown table per rate printed at the end.
 
-With ``--every-step-rates`` the two rows that send every step run only at the rates named (DDP alone
-would take hours over 10 Mbit/s); at the other rates the table compares with DDP's run at the first
-rate (synchronous, it makes the same losses and bytes at any rate), and DDP's time there is given as a
-lower bound: half its link bytes (the busier direction carries at least that) over the link's measured
-rate.
+With ``--every-step-rates`` the two rows that send every step run in full only at the rates named (DDP
+alone would take hours over 10 Mbit/s). At the other rates DDP runs ``--ddp-probe-steps`` steps, which
+measure its seconds and link bytes per step there; being synchronous it makes the same loss at every step
+at any rate, so its loss by step is its full run's at the first rate (or, with ``--ddp-reference DIR``, the
+``ddp`` row of an earlier run with the same steps, seed and evaluations). Its time to a loss there is the
+steps it needed for that loss times its measured seconds per step, and the table adds, for each row, DDP's
+time to that row's final loss and how many times sooner the row got there.
 """
 
 from __future__ import annotations
@@ -112,6 +115,16 @@ def _events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def ddp_steps(out: Path) -> list[tuple[int, float]]:
+    """(step, validation loss) of a DDP row's evaluations (rank 0's; every rank holds the same model)."""
+    return [(e["step"], e["loss"]) for e in _events(out / "peer-0.jsonl") if e["event"] == "eval"]
+
+
+def steps_to(curve: list[tuple[int, float]], loss: float) -> int | None:
+    """The first evaluated step at which ``curve`` is at or below ``loss``."""
+    return next((step for step, value in curve if value <= loss), None)
+
+
 def analyse(out: Path, peers: int, meter: LinkMeter) -> dict:
     """The row's validation loss curve (time since the first ready, loss, link bytes by then), its final
     loss and its run time."""
@@ -129,33 +142,55 @@ def analyse(out: Path, peers: int, meter: LinkMeter) -> dict:
 
 
 def run_row(hosts: netns.TwoHosts, out: Path, args: argparse.Namespace, mode: str,
-            extra: tuple[str, ...] | None) -> Callable[[], None]:
+            extra: tuple[str, ...] | None, probe: bool = False) -> Callable[[], None]:
     """(Every row evaluates every ``--eval-every`` own steps: ps-avg's workers evaluate the model they
-    hold, the server by version, which in H-step versions would be H times as rare.)"""
+    hold, the server by version, which in H-step versions would be H times as rare.) ``probe``: DDP for
+    ``--ddp-probe-steps`` steps only."""
     if extra is None:
-        return lambda: run_ddp(hosts, out, args, args.per_host, TASK)
+        ddp_args = argparse.Namespace(**{**vars(args), "steps": args.ddp_probe_steps}) if probe else args
+        return lambda: run_ddp(hosts, out, ddp_args, args.per_host, TASK)
     return lambda: run_gossip(hosts, out, mode, args, args.per_host, TASK, extra)
 
 
 EVERY_STEP = ("ddp", "gossip-sync")  # the rows that send every step
 
 
-def table(rows: dict[str, dict], reference: dict | None = None) -> str:
+def table(rows: dict[str, dict], reference: dict | None = None, probe: dict | None = None) -> str:
     """The rate's rows against DDP: its own row, else ``reference`` (DDP at another rate: the same steps
-    make the same losses and bytes, synchronous as it is)."""
-    reference = rows.get("ddp", reference) or {}
+    make the same losses and bytes, synchronous as it is). With ``probe`` (DDP's short run at this rate:
+    ``seconds_per_step``, ``bytes_per_step``, and the reference's ``steps``, its loss by step), DDP's bytes
+    and times here are its steps times those, and two columns give DDP's time to each row's final loss, and that over the row's run time (the row has
+    its product, and so its final loss, at its end)."""
+    reference = (reference if probe else rows.get("ddp", reference)) or {}
     ddp, ddp_bytes = reference.get("final_loss"), reference.get("link_bytes")
-    lines = [("| row | final validation loss | vs DDP | over the link | DDP's bytes / row's | time to DDP's final "
-              "loss | run time |"), "| --- | --- | --- | --- | --- | --- | --- |"]
+    header = ("| row | final validation loss | vs DDP | over the link | DDP's bytes / row's | time to DDP's final loss "
+              "| run time |")
+    if probe:
+        ddp_bytes = probe["bytes_per_step"] * probe["steps"][-1][0]
+        header += " DDP's time to this loss (its steps x its seconds per step here) | row's speed-up |"
+    lines = [header, "| --- " * header.count(" | ") + "| --- |"]
     for name, row in rows.items():
+        if name == "ddp" and probe:
+            final_steps = steps_to(probe["steps"], ddp)
+            lines.append(f"| ddp ({probe['probe_steps']} steps run: {probe['seconds_per_step']:.2f} s and "
+                         f"{probe['bytes_per_step'] / 1e6:.2f} MB a step) | {ddp:.4f} | | about {ddp_bytes / 1e6:.0f} MB | "
+                         f"1x | about {final_steps * probe['seconds_per_step']:.0f} s | | | |")
+            continue
         if "failed" in row:
-            lines.append(f"| {name} | failed | | {row['link_bytes'] / 1e6:.1f} MB | | | |")
+            lines.append(f"| {name} | failed | | {row['link_bytes'] / 1e6:.1f} MB | | | |" + (" | |" if probe else ""))
             continue
         versus = f"{row['final_loss'] / ddp - 1:+.1%}" if ddp else ""
         ratio = f"{ddp_bytes / row['link_bytes']:.0f}x" if ddp_bytes and row["link_bytes"] else ""
         hit = next((t for t, loss, _ in row["curve"] if ddp is not None and loss <= ddp), None)
-        lines.append(f"| {name} | {row['final_loss']:.4f} | {versus} | {row['link_bytes'] / 1e6:.1f} MB | {ratio} | "
-                     f"{'not reached' if hit is None else f'{hit:.0f} s'} | {row['wall_seconds']:.0f} s |")
+        line = (f"| {name} | {row['final_loss']:.4f} | {versus} | {row['link_bytes'] / 1e6:.1f} MB | {ratio} | "
+                f"{'not reached' if hit is None else f'{hit:.0f} s'} | {row['wall_seconds']:.0f} s |")
+        if probe:
+            # the row has its final loss at its end (its product: the server's model, the peers' average)
+            needed = steps_to(probe["steps"], row["final_loss"])
+            ddp_time = None if needed is None else needed * probe["seconds_per_step"]
+            line += (" not reached |  |" if ddp_time is None else
+                     f" {ddp_time:.0f} s ({needed} steps) | {ddp_time / row['wall_seconds']:.1f}x |")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -188,8 +223,13 @@ def main() -> None:
     parser.add_argument("--per-host", type=int, default=4, help="peers (DDP ranks, workers) on each host")
     parser.add_argument("--rows", default="", help="comma list of rows to run (default: all)")
     parser.add_argument("--every-step-rates", default="", help="comma list of the rates at which ddp and "
-                        "gossip-sync run (default: every rate); at the others DDP's losses and bytes are those "
-                        "of its first run, and its time at least its bytes over the link's measured rate")
+                        "gossip-sync run in full (default: every rate; none: no rate); at the others DDP runs "
+                        "--ddp-probe-steps steps and its losses are those of its full run")
+    parser.add_argument("--ddp-probe-steps", type=int, default=20, help="DDP's steps at a rate not in "
+                        "--every-step-rates, to measure its seconds and bytes per step there")
+    parser.add_argument("--ddp-reference", type=Path, default=None, help="the ddp row's output folder of an "
+                        "earlier run at the same --steps, --seed and --eval-every: DDP's loss by step, where "
+                        "this run has no full DDP row")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--compute-ms", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -207,29 +247,41 @@ def main() -> None:
         parser.error(f"--rows {args.rows!r}: use a comma list of {', '.join(specs)}")
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     every_step = [r.strip() for r in args.every_step_rates.split(",") if r.strip()] or rates
-    if any(r not in rates for r in every_step) or (rates[0] not in every_step and "ddp" in names):
+    every_step = [] if every_step == ["none"] else every_step
+    if any(r not in rates for r in every_step) or (rates[0] not in every_step and "ddp" in names
+                                                   and args.ddp_reference is None):
         parser.error(f"--every-step-rates {args.every_step_rates!r}: name some of --rates, the first among them "
-                     "(DDP's run there is the others' reference)")
+                     "(DDP's run there is the others' reference), or give --ddp-reference")
+    reference_steps = None  # DDP's (step, loss) of a full run
+    if args.ddp_reference is not None:
+        try:
+            reference_steps = ddp_steps(args.ddp_reference)
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(f"--ddp-reference {args.ddp_reference}: cannot read its peer-0.jsonl ({exc})")
+        if not reference_steps or reference_steps[-1][0] != args.steps:
+            parser.error(f"--ddp-reference {args.ddp_reference}: its evaluations end at step "
+                         f"{reference_steps[-1][0] if reference_steps else 'none'}, not --steps {args.steps}")
     if (reason := netns.unavailable()) is not None:
         parser.error(f"cannot make the two hosts: {reason}")
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} is not empty; remove it or pass another --out")
     args.out.mkdir(parents=True, exist_ok=True)
-    began, peers, results = time.time(), 2 * args.per_host, {"args": vars(args) | {"out": str(args.out)}, "rates": {}}
+    began, peers, results = time.time(), 2 * args.per_host, {"args": vars(args) | {"out": str(args.out), "ddp_reference": str(args.ddp_reference or "")}, "rates": {}}
     reference = None  # DDP's row at the first rate
     for rate in rates:
         rows: dict[str, dict] = {}
         with tempfile.TemporaryDirectory(prefix="lc-") as scratch, netns.two_hosts(Path(scratch), rate) as hosts:
             measured = netns.throughput(hosts, hosts.wan[1], 16 << 20, free_base_port(1))
             print(f"{rate}: one TCP stream {measured * 8 / 1e6:.1f} Mbit/s", flush=True)
-            for name in [n for n in names if rate in every_step or n not in EVERY_STEP]:
+            probing = rate not in every_step and "ddp" in names
+            for name in [n for n in names if rate in every_step or n not in EVERY_STEP or (n == "ddp" and probing)]:
                 mode, extra = specs[name]
                 out = args.out / rate / name
-                print(f"{rate} {name} ...", flush=True)
+                print(f"{rate} {name}{' (probe)' if name == 'ddp' and probing else ''} ...", flush=True)
                 started = time.time()
                 with LinkMeter(hosts) as meter:
                     try:
-                        run_row(hosts, out, args, mode, extra)()
+                        run_row(hosts, out, args, mode, extra, probe=name == "ddp" and probing)()
                     except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
                         print(f"{name} failed: {exc!r}; its output is in {out}", flush=True)
                         rows[name] = {"failed": repr(exc), "seconds": time.time() - started}
@@ -240,11 +292,19 @@ def main() -> None:
                         print(f"{name}: its output does not read: {exc!r}; see {out}", flush=True)
                         rows[name] = {"failed": repr(exc), "seconds": time.time() - started}
                 rows[name]["link_bytes"] = meter.samples[-1][1]
-        reference = reference or rows.get("ddp")
-        results["rates"][rate] = {"link_bytes_per_second": measured, "rows": rows}
-        plot(rows, rate, args.out / f"lowcomm-{rate}.png")
-        print(f"\n{rate}\n{table(rows, reference)}\n", flush=True)
-        if "ddp" not in rows and reference and "failed" not in reference:
+        if rate == rates[0] and "ddp" in rows and not probing and "failed" not in rows["ddp"]:
+            reference, reference_steps = rows["ddp"], ddp_steps(args.out / rate / "ddp")
+        probe = None
+        if probing and "failed" not in rows.get("ddp", {"failed": "not run"}) and reference_steps:
+            ran = rows.pop("ddp")
+            probe = {"probe_steps": args.ddp_probe_steps, "seconds_per_step": ran["wall_seconds"] / args.ddp_probe_steps,
+                     "bytes_per_step": ran["link_bytes"] / args.ddp_probe_steps, "steps": reference_steps}
+            rows = {"ddp": ran, **rows}
+            reference = reference or {"final_loss": reference_steps[-1][1]}
+        results["rates"][rate] = {"link_bytes_per_second": measured, "rows": rows, "ddp_probe": probe}
+        plot({n: r for n, r in rows.items() if not (probe and n == "ddp")}, rate, args.out / f"lowcomm-{rate}.png")
+        print(f"\n{rate}\n{table(rows, reference, probe)}\n", flush=True)
+        if "ddp" not in rows and reference and "failed" not in reference and "link_bytes" in reference:
             # the busier direction carries at least half of the link's bytes, at most at the measured rate
             bound = reference["link_bytes"] / 2 / measured
             results["rates"][rate]["ddp_seconds_at_least"] = bound
