@@ -69,8 +69,9 @@ def torchrun_row(args: argparse.Namespace, port: int) -> dict:
                "examples/charlm_torchrun.py", "--steps", str(args.steps), "--base-port", str(port), "--device",
                args.device]
     began = time.monotonic()
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))  # keep what is there
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))})
+                          env={**os.environ, "PYTHONPATH": path})
     losses = [float(m) for m in re.findall(r"validation loss ([0-9.]+) nats", done.stdout)]
     passed = done.returncode == 0 and len(losses) == args.nodes and all(loss < UNTRAINED for loss in losses)
     row = {"row": "torchrun example", "status": done.returncode, "seconds": round(time.monotonic() - began, 1),
@@ -103,7 +104,8 @@ def main() -> int:
     print("\n| row | validation loss | devices | seconds | passed |\n| --- | --- | --- | --- | --- |")
     for r in rows:
         loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
-        print(f"| {r['row']} | {loss} | {', '.join(r['devices'])} | {r['seconds']} | {'yes' if r['passed'] else 'NO'} |")
+        passed = "yes" if r["passed"] else "NO"
+        print(f"| {r['row']} | {loss} | {', '.join(r['devices'])} | {r['seconds']} | {passed} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0 if all(r["passed"] for r in rows) else 1

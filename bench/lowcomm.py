@@ -159,8 +159,8 @@ def table(rows: dict[str, dict], reference: dict | None = None, probe: dict | No
     """The rate's rows against DDP: its own row, else ``reference`` (DDP at another rate: the same steps
     make the same losses and bytes, synchronous as it is). With ``probe`` (DDP's short run at this rate:
     ``seconds_per_step``, ``bytes_per_step``, and the reference's ``steps``, its loss by step), DDP's bytes
-    and times here are its steps times those, and two columns give DDP's time to each row's final loss, and that over the row's run time (the row has
-    its product, and so its final loss, at its end)."""
+    and times here are its steps times those, and two columns give DDP's time to each row's final loss, and
+    that over the row's run time (the row has its product, and so its final loss, at its end)."""
     reference = (reference if probe else rows.get("ddp", reference)) or {}
     ddp, ddp_bytes = reference.get("final_loss"), reference.get("link_bytes")
     header = ("| row | final validation loss | vs DDP | over the link | DDP's bytes / row's | time to DDP's final loss "
@@ -171,10 +171,10 @@ def table(rows: dict[str, dict], reference: dict | None = None, probe: dict | No
     lines = [header, "| --- " * header.count(" | ") + "| --- |"]
     for name, row in rows.items():
         if name == "ddp" and probe:
-            final_steps = steps_to(probe["steps"], ddp)
+            final_seconds = steps_to(probe["steps"], ddp) * probe["seconds_per_step"]
             lines.append(f"| ddp ({probe['probe_steps']} steps run: {probe['seconds_per_step']:.2f} s and "
-                         f"{probe['bytes_per_step'] / 1e6:.2f} MB a step) | {ddp:.4f} | | about {ddp_bytes / 1e6:.0f} MB | "
-                         f"1x | about {final_steps * probe['seconds_per_step']:.0f} s | | | |")
+                         f"{probe['bytes_per_step'] / 1e6:.2f} MB a step) | {ddp:.4f} | | about "
+                         f"{ddp_bytes / 1e6:.0f} MB | 1x | about {final_seconds:.0f} s | | | |")
             continue
         if "failed" in row:
             lines.append(f"| {name} | failed | | {row['link_bytes'] / 1e6:.1f} MB | | | |" + (" | |" if probe else ""))
@@ -266,7 +266,8 @@ def main() -> None:
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} is not empty; remove it or pass another --out")
     args.out.mkdir(parents=True, exist_ok=True)
-    began, peers, results = time.time(), 2 * args.per_host, {"args": vars(args) | {"out": str(args.out), "ddp_reference": str(args.ddp_reference or "")}, "rates": {}}
+    given = vars(args) | {"out": str(args.out), "ddp_reference": str(args.ddp_reference or "")}
+    began, peers, results = time.time(), 2 * args.per_host, {"args": given, "rates": {}}
     reference = None  # DDP's row at the first rate
     for rate in rates:
         rows: dict[str, dict] = {}
@@ -296,10 +297,9 @@ def main() -> None:
             reference, reference_steps = rows["ddp"], ddp_steps(args.out / rate / "ddp")
         probe = None
         if probing and "failed" not in rows.get("ddp", {"failed": "not run"}) and reference_steps:
-            ran = rows.pop("ddp")
-            probe = {"probe_steps": args.ddp_probe_steps, "seconds_per_step": ran["wall_seconds"] / args.ddp_probe_steps,
-                     "bytes_per_step": ran["link_bytes"] / args.ddp_probe_steps, "steps": reference_steps}
-            rows = {"ddp": ran, **rows}
+            ran, steps = rows["ddp"], args.ddp_probe_steps
+            probe = {"probe_steps": steps, "seconds_per_step": ran["wall_seconds"] / steps,
+                     "bytes_per_step": ran["link_bytes"] / steps, "steps": reference_steps}
             reference = reference or {"final_loss": reference_steps[-1][1]}
         results["rates"][rate] = {"link_bytes_per_second": measured, "rows": rows, "ddp_probe": probe}
         plot({n: r for n, r in rows.items() if not (probe and n == "ddp")}, rate, args.out / f"lowcomm-{rate}.png")

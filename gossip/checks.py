@@ -28,6 +28,12 @@ def check_int(obj: Any, name: str, *, minimum: int, maximum: int | None = None, 
         raise ConfigError(f"{flag} must be {bound}, got {value}")
 
 
+def check_bool(obj: Any, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(obj, name), bool):
+            raise ConfigError(f"{name} must be True or False, got {getattr(obj, name)!r}")
+
+
 def check_choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(obj, name)
     if value not in choices:

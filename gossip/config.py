@@ -54,7 +54,7 @@ from gossip.sections import (
 GOSSIP_MODES = ("gossip-sync", "gossip-async")
 PS_MODES = ("ps-sync", "ps-avg", "ps-async", "ps-ssp", "ps-dcasgd")  # a parameter server and N workers
 MODES = GOSSIP_MODES + PS_MODES
-DERIVED_FIELDS = frozenset({"max_rounds", "max_steps", "max_weight"})  # GossipConfig fields RunConfig computes
+DERIVED_FIELDS = frozenset(f.name for f in dataclasses.fields(Bounds))  # GossipConfig fields RunConfig computes
 SWARM_BUDGET_MODES = ("gossip-async", "ps-async", "ps-ssp", "ps-dcasgd")  # end on the swarm's steps, not each peer's
 COORDINATE_WISE = ("median", "trimmed-mean")  # gossip/aggregate.py: gossip, ps-sync and ps-avg
 NORM_BOUNDED = ("ps-sync", "ps-async", "ps-ssp", "ps-dcasgd")  # norm-clip: gossip/coordinator/normbound.py
@@ -136,7 +136,7 @@ class GossipConfig:
     def of(cls, **values: Any) -> GossipConfig:
         """A config from fields named flat (``GossipConfig.of(world_size=4, compress="int8")``), each in
         its section; the others keep their defaults."""
-        return cls().replace(**values) if values else cls()
+        return cls().replace(**values)
 
     def replace(self, **values: Any) -> GossipConfig:
         """This config with the named fields changed, wherever they sit; an unknown name is refused."""
@@ -216,17 +216,15 @@ class GossipConfig:
         return f"tcp://{self.network.bind or bindable(host)}:{port}"
 
 
-TOP_FIELDS = tuple(f.name for f in dataclasses.fields(GossipConfig) if f.name not in SECTIONS)
-# every field of GossipConfig by its own name, the sections' included: what a flag or an attach keyword sets
-GOSSIP_FIELDS: dict[str, dataclasses.Field[Any]] = {
-    **{f.name: f for f in dataclasses.fields(GossipConfig) if f.name not in SECTIONS},
-    **{f.name: f for kind in SECTIONS.values() for f in dataclasses.fields(kind)},
-}
-# ... -> the section that holds it (None: GossipConfig itself)
+# every field of GossipConfig by its own name -> the section that holds it (None: GossipConfig itself), and
+# its dataclass field: what a flag or an attach keyword sets
 SECTION_OF: dict[str, str | None] = {
-    **{name: None for name in TOP_FIELDS},
+    **{f.name: None for f in dataclasses.fields(GossipConfig) if f.name not in SECTIONS},
     **{f.name: section for section, kind in SECTIONS.items() for f in dataclasses.fields(kind)},
 }
+TOP_FIELDS = tuple(name for name, section in SECTION_OF.items() if section is None)
+GOSSIP_FIELDS: dict[str, dataclasses.Field[Any]] = {
+    f.name: f for kind in (GossipConfig, *SECTIONS.values()) for f in dataclasses.fields(kind) if f.name in SECTION_OF}
 
 
 @dataclass(frozen=True)

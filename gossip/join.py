@@ -78,4 +78,4 @@ def _meet(config: GossipConfig, plan: Plan, layout: Layout) -> GossipConfig:
     finally:
         meeting.close()
     return config.replace(endpoints=assignment.endpoints,
-                               server_endpoint=assignment.server_endpoint or config.network.server_endpoint)
+                          server_endpoint=assignment.server_endpoint or config.network.server_endpoint)

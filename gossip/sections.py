@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gossip.checks import check_choice, check_int, check_positive, check_seconds, is_real
+from gossip.checks import check_bool, check_choice, check_int, check_positive, check_seconds, is_real
 from gossip.errors import ConfigError
 
 MiB = 1 << 20
@@ -67,9 +67,7 @@ class SyncRounds:
     straggler_fraction: float = 0.75
 
     def __post_init__(self) -> None:
-        for name in ("overlap", "lazy_snapshot"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_bool(self, "overlap", "lazy_snapshot")
         check_choice(self, "weight_by", WEIGHT_BY)
         check_choice(self, "deadline", DEADLINES)
         check_int(self, "deadline_window", minimum=3)
@@ -145,8 +143,7 @@ class Network:
     link_latency_ms: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.ipc, bool):
-            raise ConfigError(f"ipc must be True or False, got {self.ipc!r}")
+        check_bool(self, "ipc")
         check_int(self, "queue_depth", minimum=1)
         if not (is_real(self.chunk_mb) and 0.0625 <= self.chunk_mb <= 64):
             raise ConfigError(f"--chunk-mb {self.chunk_mb} is out of range; use a value in 0.0625..64 (8 is good)")

@@ -67,8 +67,7 @@ def run_config(args: argparse.Namespace, spec: str, nodes_given: bool) -> RunCon
         raise ConfigError(f"--nodes {args.nodes} but --hosts has {world_size} slots; leave --nodes out with --hosts")
     cfg = config_from_args(args, nodes=world_size)
     server = hosts_server_endpoint(spec, cfg.gossip.network.base_port) if cfg.gossip.parameter_server else ""
-    gossip = cfg.gossip.replace(endpoints=hosts_endpoints(spec, cfg.gossip.network.base_port),
-                                 server_endpoint=server)
+    gossip = cfg.gossip.replace(endpoints=hosts_endpoints(spec, cfg.gossip.network.base_port), server_endpoint=server)
     return dataclasses.replace(cfg, out=str(Path(cfg.out).absolute()), gossip=gossip)
 
 

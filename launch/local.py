@@ -159,7 +159,7 @@ def with_links(cfg: RunConfig) -> tuple[RunConfig, Links | None]:
     links = Links(cfg.link_mbit + server, tag=f"gossip{os.getpid()}")
     endpoints = links.endpoints(cfg.gossip.network.base_port)
     gossip = cfg.gossip.replace(endpoints=endpoints[:cfg.nodes],
-                                 server_endpoint=endpoints[cfg.nodes] if server else cfg.gossip.network.server_endpoint)
+                                server_endpoint=endpoints[cfg.nodes] if server else cfg.gossip.network.server_endpoint)
     return dataclasses.replace(cfg, gossip=gossip), links
 
 

@@ -234,12 +234,11 @@ def horizon_problems(cfg: RunConfig, peers: list[dict[str, Any]]) -> list[str]:
     """Peers that report more rounds or steps than the run allows any peer (the mailbox's horizon,
     ``max_rounds`` + 1 and ``max_steps``), or a push-sum weight above the network's whole mass
     (``max_weight``): what no honest peer reaches."""
-    problems = []
+    problems, bounds = [], cfg.gossip.bounds
     for p in peers:
-        if cfg.gossip.bounds.max_weight and p["weight"] is not None and p["weight"] > cfg.gossip.bounds.max_weight:
+        if bounds.max_weight and p["weight"] is not None and p["weight"] > bounds.max_weight:
             problems.append(f"peer {p['rank']} ends with push-sum weight {p['weight']:.6g}; the network's whole mass is "
-                            f"{cfg.gossip.bounds.max_weight:g}")
-        bounds = cfg.gossip.bounds
+                            f"{bounds.max_weight:g}")
         for key, limit, unit in (("rounds", bounds.max_rounds + 1 if bounds.max_rounds else 0, "rounds"),
                                  ("steps", bounds.max_steps, "steps")):
             if limit and p[key] is not None and p[key] > limit:
