@@ -365,10 +365,6 @@ class RunConfig:
         if self.coordinator.outer_optimizer != "sgd":
             outer.insert(0, "--outer-optimizer")
         compress = self.gossip.compression.compress
-        if outer and self.gossip.mode == "gossip-sync" and compress != "none":
-            raise ConfigError(f"{outer[0]} with --compress {compress}: compressed gossip-sync mixes its "
-                              "neighbours' public copies (CHOCO), with no outer step; use one of the two, or ps-avg, "
-                              "whose server takes both (DiLoCo with compressed pseudo-gradients)")
         if outer and self.gossip.mode not in ("ps-avg", "gossip-sync"):
             raise ConfigError(f"{' and '.join(outer)} set{'s' if len(outer) == 1 else ''} the outer step of ps-avg's "
                               f"server or of each gossip-sync peer, and --mode {self.gossip.mode} has none; use --mode "

@@ -108,7 +108,8 @@ TABLE: list[Flag] = [
                                          "--no-overlap sends the weights themselves and mixes before training on "
                                          "(no copy per round, one model less memory)"),
     Flag("--compress", "compress", MIXING, "gossip-sync: send compressed differences from a public copy the "
-                                           "neighbours hold (CHOCO-gossip, error feedback); ps-avg: the workers' "
+                                           "neighbours hold (CHOCO-gossip, error feedback; with "
+                                           "--outer-optimizer, each outer step's change); ps-avg: the workers' "
                                            "changes and the server's answers, with error feedback: "
                                            + ", ".join(COMPRESS) + "; 2x (float16) or about 4x (int8) fewer bytes, "
                                            "for slow links"),

@@ -135,6 +135,9 @@ def test_outer_settings_resolve_and_bad_ones_get_one_line():
                                               f"gossip-sync peer, and --mode {mode} has none"):
             RunConfig(nodes=2, gossip=GossipConfig.of(world_size=2, mode=mode),
                       coordinator=CoordinatorConfig(outer_optimizer="nesterov"))
+    for mode in ("gossip-sync", "ps-avg"):  # an outer step on compressed messages: DiLoCo's, with and without server
+        RunConfig(nodes=4, gossip=GossipConfig.of(world_size=4, mode=mode, compress="int8"),
+                  coordinator=CoordinatorConfig(outer_optimizer="nesterov"))
     with pytest.raises(ConfigError, match="ps-avg's server steps with --outer-lr"):
         RunConfig(nodes=2, gossip=GossipConfig.of(world_size=2, mode="ps-avg"),
                   coordinator=CoordinatorConfig(server_lr=1))

@@ -27,7 +27,15 @@ sides (its share moves to W_ii); a restarted peer cannot rebuild the replicas it
 is refused with one line.
 
 Overlap works as in ``SyncGossip``: with ``overlap`` the round-r mix happens at mixing point r + 1, the
-local steps made meanwhile kept in x_i; without, right after the send. The messages are new tensors,
+local steps made meanwhile kept in x_i; without, right after the send.
+
+An outer optimizer (``--outer-optimizer``, decentralized DiLoCo with compressed messages) ends each
+consensus step, as it ends ``SyncGossip``'s mix (``outer.py``): the mixed x_i moves by an outer step on the
+change since its anchor, and the mix is the no-overlap one. What a peer then sends, Q(x_i - x^_i), is its
+change since its last message: the inner steps and the outer step since, plus what earlier messages
+rounded away (the error feedback of compressed pseudo-gradients, as ``gossip/coordinator/pseudograd.py``
+keeps for ps-avg). The mean is kept as without the outer step: the consensus terms cancel over a
+symmetric W, so sum_i delta_i is what the inner steps did. The messages are new tensors,
 so nothing waits for ZeroMQ to let go of the weights. Memory: the public copy plus one replica per
 neighbour (float32, float64 for float64 weights), beside the compressed messages in flight.
 """
@@ -51,7 +59,7 @@ from gossip.net.wire import CODEC_KINDS, encode, frames_per_row
 
 
 class CompressedGossip(GossipAverager):
-    takes_outer = False  # (its round sends compressed differences, with no outer step on them)
+    takes_outer = True  # (the consensus step ends with the outer step, as SyncGossip's mix does)
 
     def __init__(self, flat: FlatParams, config: GossipConfig, topology: topologies.Topology | None,
                  outer: tuple[str, float, float] | None = None, connect: Connect | None = None) -> None:
@@ -91,13 +99,14 @@ class CompressedGossip(GossipAverager):
         super()._prune_dead()
 
     def _gossip(self) -> None:
-        if self.config.sync.overlap:
+        overlap = self.config.sync.overlap and self.outer is None  # (the outer step needs this round's mix)
+        if overlap:
             self._complete_round()
         self._prune_dead()
         round = self.rounds
         self._send_difference(round)
         self._pending = round
-        if not self.config.sync.overlap:
+        if not overlap:
             self._complete_round()
 
     def _send_difference(self, round: int) -> None:
@@ -141,6 +150,8 @@ class CompressedGossip(GossipAverager):
                     view.add_(mine, alpha=step * share)
                 if shares:
                     view.add_(self.public[segment][start:stop], alpha=-step * sum(share for share, _, _ in shares))
+            if self.outer is not None:
+                self.outer.apply_()  # on the weights the consensus step mixed (see the module docstring)
         self.rounds = round + 1
 
     def statistics(self) -> dict:

@@ -53,15 +53,16 @@ class GossipAverager(Averager):
         if self.outer is not None and not (self.takes_outer and config.sync.deadline == "fixed"
                                            and config.sync.weight_by == "none"):
             raise ConfigError(f"an outer optimizer ({outer[0]}, lr {outer[1]:g}, momentum {outer[2]:g}) needs the "
-                              "lockstep mix of gossip-sync with fixed deadlines, no --weight-by and no --compress, "
-                              "whose push-sum weights all stay 1; use that, or ps-avg")
+                              "lockstep mix of gossip-sync with fixed deadlines and no --weight-by, whose push-sum "
+                              "weights all stay 1; use that, or ps-avg")
         if config.mode == "gossip-async":  # the swarm-wide end and the rate compensation (gossip/progress.py)
             self.progress = self.mailbox.progress = SwarmProgress(config.world_size, self.rank)
         self.rate_factor = 1.0  # what the latest progress counted (rate compensation)
         self._credited_at: float | None = None  # when it was credited (time.monotonic)
         self._usual_step: float | None = None  # moving average of the credited seconds per step
 
-    takes_outer = False  # (SyncGossip's lockstep mix ends with the outer step: ``outer.py`` says why only it)
+    takes_outer = False  # (the lockstep mixes, SyncGossip's and CompressedGossip's, end with the outer step:
+    #                       ``outer.py`` says why only they)
 
     def _expects(self, sender: int, round: int) -> bool:
         """Is ``sender`` one of our in-neighbours in ``round``? (The mailbox files only their messages.)"""
