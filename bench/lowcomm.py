@@ -16,7 +16,8 @@ each rate, one after the other:
   DiLoCo, OpenDiLoCo's outer lr 0.7 and momentum 0.9), and ``diloco-H-int8`` with ``--compress int8``
   (int8 pseudo-gradients with error feedback, ``gossip/coordinator/pseudograd.py``);
 - ``gossip-outer-H``: ``--mode gossip-sync --gossip-every H --outer-optimizer nesterov`` (decentralized
-  DiLoCo, ``gossip/averagers/outer.py``; gossip has no int8 row: its compressed mode has no outer step),
+  DiLoCo, ``gossip/averagers/outer.py``), and ``gossip-outer-H-int8`` with ``--compress int8`` (each peer
+  sends its change since its last message in int8, with error feedback: ``gossip/averagers/compressed.py``),
 
 for every H of ``--h``. For each row: the final validation loss of the run's product (DDP: rank 0's model;
 ps-avg: the server's; gossip: the peers' averaged model, ``model-final.pt``), the bytes that left both ends
@@ -33,7 +34,8 @@ measure its seconds and link bytes per step there; being synchronous it makes th
 at any rate, so its loss by step is its full run's at the first rate (or, with ``--ddp-reference DIR``, the
 ``ddp`` row of an earlier run with the same steps, seed and evaluations). Its time to a loss there is the
 steps it needed for that loss times its measured seconds per step, and the table adds, for each row, DDP's
-time to that row's final loss and how many times sooner the row got there.
+time to that row's final loss and how many times sooner the row got there. ``--include DIR`` adds an earlier
+run's rows (and DDP's probe) to this one's table and plot, so that a new row joins the ones measured before.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def row_specs(hs: list[int]) -> dict[str, tuple[str, tuple[str, ...] | None]]:
         rows[f"diloco-{h}"] = ("ps-avg", ("--local-steps", str(h), *OUTER))
         rows[f"diloco-{h}-int8"] = ("ps-avg", ("--local-steps", str(h), *OUTER, "--compress", "int8"))
         rows[f"gossip-outer-{h}"] = ("gossip-sync", ("--gossip-every", str(h), *OUTER))
+        rows[f"gossip-outer-{h}-int8"] = ("gossip-sync", ("--gossip-every", str(h), *OUTER, "--compress", "int8"))
     return rows
 
 
@@ -139,6 +142,22 @@ def analyse(out: Path, peers: int, meter: LinkMeter) -> dict:
     ends = [e["time"] for peer in events for e in peer if e["event"] == "end"]
     return {"final_loss": final, "wall_seconds": max(ends) - t0,
             "curve": [(t, loss, meter.at(t0 + t)) for t, loss in curve]}
+
+
+def earlier_rows(folders: list[Path]) -> dict[str, dict]:
+    """rate -> {"rows", "probe" (DDP's there), "measured" (the link's rate)} of earlier runs' results.json,
+    each row marked with the folder it came from; the first folder that has a row wins."""
+    found: dict[str, dict] = {}
+    for folder in folders:
+        results = json.loads((folder / "results.json").read_text())
+        for rate, at in results["rates"].items():
+            earlier = found.setdefault(rate, {"rows": {}, "probe": None, "measured": at["link_bytes_per_second"]})
+            for name, row in at["rows"].items():
+                if name not in earlier["rows"]:
+                    earlier["rows"][name] = {**row, "from": str(folder)}
+                    if name == "ddp":
+                        earlier["probe"] = at.get("ddp_probe")
+    return found
 
 
 def run_row(hosts: netns.TwoHosts, out: Path, args: argparse.Namespace, mode: str,
@@ -221,7 +240,8 @@ def main() -> None:
     parser.add_argument("--h", default="10,50", help="comma list of inner steps between outer steps")
     parser.add_argument("--rates", default="100mbit,10mbit", help="comma list of link rates, as tc writes them")
     parser.add_argument("--per-host", type=int, default=4, help="peers (DDP ranks, workers) on each host")
-    parser.add_argument("--rows", default="", help="comma list of rows to run (default: all)")
+    parser.add_argument("--rows", default="", help="comma list of rows to run (default: all; none: only "
+                        "--include's)")
     parser.add_argument("--every-step-rates", default="", help="comma list of the rates at which ddp and "
                         "gossip-sync run in full (default: every rate; none: no rate); at the others DDP runs "
                         "--ddp-probe-steps steps and its losses are those of its full run")
@@ -230,6 +250,9 @@ def main() -> None:
     parser.add_argument("--ddp-reference", type=Path, default=None, help="the ddp row's output folder of an "
                         "earlier run at the same --steps, --seed and --eval-every: DDP's loss by step, where "
                         "this run has no full DDP row")
+    parser.add_argument("--include", type=Path, action="append", default=[], help="an earlier run's --out folder "
+                        "(repeatable): its rows at these rates, DDP's probe with its, join this run's table, plot "
+                        "and results.json, where this run did not run them")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--compute-ms", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -243,6 +266,7 @@ def main() -> None:
         parser.error(f"--h {args.h!r}: use a comma list of whole numbers >= 1")
     specs = row_specs(hs)
     names = [n.strip() for n in args.rows.split(",") if n.strip()] or list(specs)
+    names = [] if names == ["none"] else names  # (only --include's rows: their table and plot again)
     if any(n not in specs for n in names):
         parser.error(f"--rows {args.rows!r}: use a comma list of {', '.join(specs)}")
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
@@ -261,42 +285,60 @@ def main() -> None:
         if not reference_steps or reference_steps[-1][0] != args.steps:
             parser.error(f"--ddp-reference {args.ddp_reference}: its evaluations end at step "
                          f"{reference_steps[-1][0] if reference_steps else 'none'}, not --steps {args.steps}")
-    if (reason := netns.unavailable()) is not None:
+    try:
+        included = earlier_rows(args.include)
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"--include: {exc}")
+    if names and (reason := netns.unavailable()) is not None:
         parser.error(f"cannot make the two hosts: {reason}")
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} is not empty; remove it or pass another --out")
     args.out.mkdir(parents=True, exist_ok=True)
-    given = vars(args) | {"out": str(args.out), "ddp_reference": str(args.ddp_reference or "")}
+    given = vars(args) | {"out": str(args.out), "ddp_reference": str(args.ddp_reference or ""),
+                          "include": [str(folder) for folder in args.include]}
     began, peers, results = time.time(), 2 * args.per_host, {"args": given, "rates": {}}
     reference = None  # DDP's row at the first rate
     for rate in rates:
         rows: dict[str, dict] = {}
-        with tempfile.TemporaryDirectory(prefix="lc-") as scratch, netns.two_hosts(Path(scratch), rate) as hosts:
-            measured = netns.throughput(hosts, hosts.wan[1], 16 << 20, free_base_port(1))
-            print(f"{rate}: one TCP stream {measured * 8 / 1e6:.1f} Mbit/s", flush=True)
-            probing = rate not in every_step and "ddp" in names
-            for name in [n for n in names if rate in every_step or n not in EVERY_STEP or (n == "ddp" and probing)]:
-                mode, extra = specs[name]
-                out = args.out / rate / name
-                print(f"{rate} {name}{' (probe)' if name == 'ddp' and probing else ''} ...", flush=True)
-                started = time.time()
-                with LinkMeter(hosts) as meter:
-                    try:
-                        run_row(hosts, out, args, mode, extra, probe=name == "ddp" and probing)()
-                    except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
-                        print(f"{name} failed: {exc!r}; its output is in {out}", flush=True)
-                        rows[name] = {"failed": repr(exc), "seconds": time.time() - started}
-                if name not in rows:
-                    try:
-                        rows[name] = analyse(out, peers, meter)
-                    except (OSError, ValueError, KeyError, StopIteration) as exc:
-                        print(f"{name}: its output does not read: {exc!r}; see {out}", flush=True)
-                        rows[name] = {"failed": repr(exc), "seconds": time.time() - started}
-                rows[name]["link_bytes"] = meter.samples[-1][1]
+        probing = rate not in every_step and "ddp" in names
+        to_run = [n for n in names if rate in every_step or n not in EVERY_STEP or (n == "ddp" and probing)]
+        measured = None
+        if to_run:
+            with tempfile.TemporaryDirectory(prefix="lc-") as scratch, netns.two_hosts(Path(scratch), rate) as hosts:
+                measured = netns.throughput(hosts, hosts.wan[1], 16 << 20, free_base_port(1))
+                print(f"{rate}: one TCP stream {measured * 8 / 1e6:.1f} Mbit/s", flush=True)
+                for name in to_run:
+                    mode, extra = specs[name]
+                    out = args.out / rate / name
+                    print(f"{rate} {name}{' (probe)' if name == 'ddp' and probing else ''} ...", flush=True)
+                    started = time.time()
+                    with LinkMeter(hosts) as meter:
+                        try:
+                            run_row(hosts, out, args, mode, extra, probe=name == "ddp" and probing)()
+                        except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
+                            print(f"{name} failed: {exc!r}; its output is in {out}", flush=True)
+                            rows[name] = {"failed": repr(exc), "seconds": time.time() - started}
+                    if name not in rows:
+                        try:
+                            rows[name] = analyse(out, peers, meter)
+                        except (OSError, ValueError, KeyError, StopIteration) as exc:
+                            print(f"{name}: its output does not read: {exc!r}; see {out}", flush=True)
+                            rows[name] = {"failed": repr(exc), "seconds": time.time() - started}
+                    rows[name]["link_bytes"] = meter.samples[-1][1]
+        before = included.get(rate, {"rows": {}, "probe": None, "measured": None})  # (--include)
+        measured = measured or before["measured"]
+        if "ddp" in before["rows"] and "ddp" not in rows:
+            probing = before["probe"] is not None
+        merged = {**{n: row for n, row in before["rows"].items() if n not in rows}, **rows}
+        rows = {n: merged[n] for n in sorted(merged, key=lambda n: list(specs).index(n) if n in specs else len(specs))}
         if rate == rates[0] and "ddp" in rows and not probing and "failed" not in rows["ddp"]:
-            reference, reference_steps = rows["ddp"], ddp_steps(args.out / rate / "ddp")
+            reference = rows["ddp"]
+            reference_steps = ddp_steps(Path(rows["ddp"].get("from", args.out)) / rate / "ddp")
         probe = None
-        if probing and "failed" not in rows.get("ddp", {"failed": "not run"}) and reference_steps:
+        if probing and before["probe"] is not None and rows.get("ddp") is before["rows"].get("ddp"):
+            probe = before["probe"]
+            reference = reference or {"final_loss": probe["steps"][-1][1]}
+        elif probing and "failed" not in rows.get("ddp", {"failed": "not run"}) and reference_steps:
             ran, steps = rows["ddp"], args.ddp_probe_steps
             probe = {"probe_steps": steps, "seconds_per_step": ran["wall_seconds"] / steps,
                      "bytes_per_step": ran["link_bytes"] / steps, "steps": reference_steps}
