@@ -27,7 +27,9 @@ sides (its share moves to W_ii); a restarted peer cannot rebuild the replicas it
 is refused with one line.
 
 Overlap works as in ``SyncGossip``: with ``overlap`` the round-r mix happens at mixing point r + 1, the
-local steps made meanwhile kept in x_i; without, right after the send.
+local steps made meanwhile kept in x_i; without, right after the send. The messages are new tensors, so
+nothing waits for ZeroMQ to let go of the weights. Memory: the public copy plus one replica per neighbour
+(float32, float64 for float64 weights), beside the compressed messages in flight.
 
 An outer optimizer (``--outer-optimizer``, decentralized DiLoCo with compressed messages) ends each
 consensus step, as it ends ``SyncGossip``'s mix (``outer.py``): the mixed x_i moves by an outer step on the
@@ -35,9 +37,7 @@ change since its anchor, and the mix is the no-overlap one. What a peer then sen
 change since its last message: the inner steps and the outer step since, plus what earlier messages
 rounded away (the error feedback of compressed pseudo-gradients, as ``gossip/coordinator/pseudograd.py``
 keeps for ps-avg). The mean is kept as without the outer step: the consensus terms cancel over a
-symmetric W, so sum_i delta_i is what the inner steps did. The messages are new tensors,
-so nothing waits for ZeroMQ to let go of the weights. Memory: the public copy plus one replica per
-neighbour (float32, float64 for float64 weights), beside the compressed messages in flight.
+symmetric W, so sum_i delta_i is what the inner steps did.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ gossip. The anchor and the momentum cost two copies of
 the model's floating-point tensors; both are saved in the checkpoint.
 
 Where it applies: the lockstep mix of gossip-sync (fixed deadlines, no ``--weight-by``), not overlapped
-(the step needs this mixing point's weights of the neighbours). There every push-sum weight stays 1 and
+(the step needs this mixing point's weights of the neighbours), plain or compressed (``compressed.py``:
+the step follows CHOCO's consensus step). There every push-sum weight stays 1 and
 W is doubly stochastic, so sum_i delta_i is what the peers' inner steps did and the outer step moves the
 network's mean as DiLoCo's server would (on the consensus task, which has no inner steps, the mean held
 to 8e-14 with Nesterov). Where the weights vary (adaptive deadlines, gossip-async push-sum) a peer's
