@@ -265,6 +265,7 @@ def main() -> None:
     if not hs or min(hs) < 1:
         parser.error(f"--h {args.h!r}: use a comma list of whole numbers >= 1")
     specs = row_specs(hs)
+    order = {name: index for index, name in enumerate(specs)}  # the table's order
     names = [n.strip() for n in args.rows.split(",") if n.strip()] or list(specs)
     names = [] if names == ["none"] else names  # (only --include's rows: their table and plot again)
     if any(n not in specs for n in names):
@@ -327,15 +328,16 @@ def main() -> None:
                     rows[name]["link_bytes"] = meter.samples[-1][1]
         before = included.get(rate, {"rows": {}, "probe": None, "measured": None})  # (--include)
         measured = measured or before["measured"]
-        if "ddp" in before["rows"] and "ddp" not in rows:
+        ddp_before = "ddp" in before["rows"] and "ddp" not in rows  # (DDP's row, and probe if any, from --include)
+        if ddp_before:
             probing = before["probe"] is not None
-        merged = {**{n: row for n, row in before["rows"].items() if n not in rows}, **rows}
-        rows = {n: merged[n] for n in sorted(merged, key=lambda n: list(specs).index(n) if n in specs else len(specs))}
+        merged = {**before["rows"], **rows}
+        rows = {n: merged[n] for n in sorted(merged, key=lambda n: order.get(n, len(order)))}
         if rate == rates[0] and "ddp" in rows and not probing and "failed" not in rows["ddp"]:
             reference = rows["ddp"]
             reference_steps = ddp_steps(Path(rows["ddp"].get("from", args.out)) / rate / "ddp")
         probe = None
-        if probing and before["probe"] is not None and rows.get("ddp") is before["rows"].get("ddp"):
+        if ddp_before and probing:
             probe = before["probe"]
             reference = reference or {"final_loss": probe["steps"][-1][1]}
         elif probing and "failed" not in rows.get("ddp", {"failed": "not run"}) and reference_steps:
