@@ -42,7 +42,10 @@ def test_with_the_mean_one_byzantine_peer_ruins_every_honest_peer(launch_run):
 @pytest.mark.parametrize("aggregate,topology,mode,steps", [
     ("median", "ring", "gossip-sync", 150),
     ("trimmed-mean", "torus", "gossip-sync", 150),
-    ("median", "torus", "gossip-async", 300),
+    # gossip-async ends on the swarm's budget (N x --steps in all): with 300 steps that budget is about a
+    # second of digits, which the first two peers up could spend while the others, on 2 loaded cores, were
+    # still starting; one then ended untrained (0 steps, accuracy 0.11). 1,000 steps outlast the start-up.
+    ("median", "torus", "gossip-async", 1000),
 ])
 def test_robust_aggregation_keeps_the_honest_peers_training(launch_run, aggregate, topology, mode, steps):
     rule = ("--async-rule", "latest") if mode == "gossip-async" else ()
@@ -58,8 +61,8 @@ def test_robust_aggregation_keeps_the_honest_peers_training(launch_run, aggregat
     assert max(largest) < 10, largest
     accuracies = [p["test_accuracy"] for p in honest(run)]
     assert summary["mean_test_accuracy"] >= 0.85 and summary["final_model"]["accuracy"] >= 0.85, accuracies
-    # gossip-async peers race: six runs here ended every honest peer at 0.905-0.942, but one peer that ran
-    # ahead on a loaded machine once ended at 0.65; a poisoned peer lands below 0.5 (the test above)
+    # gossip-async peers race: a peer that ran ahead on a loaded machine once ended at 0.65; a poisoned peer
+    # lands below 0.5 (the test above)
     assert min(accuracies) >= (0.85 if mode == "gossip-sync" else 0.5), accuracies
     assert math.isfinite(summary["consensus_distance"])
     if mode == "gossip-async":
