@@ -3,6 +3,7 @@
     python bench/async_adam.py --workers 4                # gradients exactly 3 versions stale (ps-async's typical)
     python bench/async_adam.py --workers 4 --fresh        # the same rule, every gradient on the newest weights
     python bench/async_adam.py --workers 2 --lr 1.5e-3 --beta1 0.4    # 1 version stale
+    python bench/async_adam.py --workers 4 --versions 600 --probe 100  # how far the gradient turns in 3 versions
 
 N workers (the charlm task's shards for a world of N, its model, batches of 16 sequences) take turns: worker
 ``v mod N`` computes a gradient on the weights it last pulled, the server's AdamW steps with it (lr and the
@@ -12,18 +13,25 @@ peaks there), with no messages, timing or process scheduling in the way. ``--fre
 gradient instead: staleness 0, otherwise the same run. The defaults are the server's "auto" rule for AdamW
 with 4 workers (lr 3e-3 / 4, beta1 max(0, 0.9 - 0.75) = 0.15), 4,000 versions: the samples of a default
 4-peer charlm run. Prints the server model's validation loss every quarter of the run.
+
+``--probe K``: every K versions, also the cosine between the gradients of one fixed batch of 64 evaluation
+windows at the server's weights now and at its weights N - 1 versions before (the weights a stale gradient
+is computed on), over all parameters and for the three tensors where it is lowest: how far the loss has
+turned under the server in the time a gradient is stale.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import time
 
 import torch
 
 from gossip.optim import OptimizerSpec, Schedule
 from gossip.tasks import TaskContext
-from gossip.tasks.charlm import make_task
+from gossip.tasks.charlm import gather, make_task, next_char_loss
+from gossip.tasks.corpus import read_corpus, windows
 
 
 def main() -> None:
@@ -33,6 +41,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=7.5e-4, help="the server's peak lr")
     parser.add_argument("--beta1", type=float, default=0.15)
     parser.add_argument("--versions", type=int, default=4000)
+    parser.add_argument("--probe", type=int, default=0, metavar="K",
+                        help="every K versions, how far the gradient turned over the last N - 1 versions")
     args = parser.parse_args()
     torch.set_num_threads(1)
     spec = OptimizerSpec("adamw", args.lr, 0.9, (args.beta1, 0.999), 0.1)
@@ -49,8 +59,11 @@ def main() -> None:
 
     for worker in workers:
         pull(worker)
+    probe = Probe(server, args.workers - 1) if args.probe else None
     began = time.time()
     for version in range(1, args.versions + 1):
+        if probe is not None:
+            probe.keep()
         worker = workers[(version - 1) % args.workers]
         if args.fresh:
             pull(worker)
@@ -60,9 +73,55 @@ def main() -> None:
             target.grad = source.grad.clone()
         server.optimizer.step()
         pull(worker)
+        if probe is not None and version % args.probe == 0:
+            print(f"version {version}: {probe.turn()}", flush=True)
         if version % (args.versions // 4) == 0:
             print(f"version {version}: validation loss {server.evaluate()['loss']:.4f} "
                   f"({time.time() - began:.0f} s)", flush=True)
+
+
+class Probe:
+    """The gradient of one fixed batch at the server's weights now and ``lag`` versions before."""
+
+    def __init__(self, server, lag: int) -> None:
+        corpus = read_corpus()
+        cut = windows(corpus, 64)
+        text = torch.from_numpy(corpus.text.copy())
+        self.batch = gather(text, torch.from_numpy(cut.eval[:64]), 65)
+        self.model = server.model
+        self.names = [name for name, _ in server.model.named_parameters()]
+        self.history: collections.deque[list[torch.Tensor]] = collections.deque(maxlen=lag + 1)
+
+    def keep(self) -> None:
+        self.history.append([p.detach().clone() for p in self.model.parameters()])
+
+    def _gradient(self, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+        now = [p.detach().clone() for p in self.model.parameters()]
+        grads = [p.grad for p in self.model.parameters()]  # the server's own, restored below
+        self._load(weights)
+        for p in self.model.parameters():
+            p.grad = None
+        next_char_loss(self.model, self.batch).backward()
+        found = [p.grad.clone() for p in self.model.parameters()]
+        self._load(now)
+        for p, g in zip(self.model.parameters(), grads):
+            p.grad = g
+        return found
+
+    def _load(self, weights: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for p, w in zip(self.model.parameters(), weights):
+                p.copy_(w)
+
+    def turn(self) -> str:
+        now = self._gradient([p.detach() for p in self.model.parameters()])
+        before = self._gradient(self.history[0])
+        cos = torch.nn.functional.cosine_similarity
+        whole = cos(torch.cat([g.flatten() for g in now]), torch.cat([g.flatten() for g in before]), dim=0)
+        lowest = sorted((cos(a.flatten(), b.flatten(), dim=0).item(), name)
+                        for a, b, name in zip(now, before, self.names))[:3]
+        return (f"gradient cosine with {len(self.history) - 1} versions before {whole.item():.2f}; lowest "
+                + ", ".join(f"{name} {value:.2f}" for value, name in lowest))
 
 
 if __name__ == "__main__":
