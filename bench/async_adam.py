@@ -90,9 +90,12 @@ class Probe:
         self.batch = gather(text, torch.from_numpy(cut.eval[:64]), 65)
         self.model = server.model
         self.names = [name for name, _ in server.model.named_parameters()]
-        self.history: collections.deque[list[torch.Tensor]] = collections.deque(maxlen=lag + 1)
+        self.lag = lag
+        self.history: collections.deque[list[torch.Tensor]] = collections.deque(maxlen=lag)
 
     def keep(self) -> None:
+        """Before each version: the weights the next update starts from (the oldest kept, ``lag`` versions
+        before the weights after it, is what a gradient ``lag`` versions stale was computed on)."""
         self.history.append([p.detach().clone() for p in self.model.parameters()])
 
     def _gradient(self, weights: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -120,7 +123,7 @@ class Probe:
         whole = cos(torch.cat([g.flatten() for g in now]), torch.cat([g.flatten() for g in before]), dim=0)
         lowest = sorted((cos(a.flatten(), b.flatten(), dim=0).item(), name)
                         for a, b, name in zip(now, before, self.names))[:3]
-        return (f"gradient cosine with {len(self.history) - 1} versions before {whole.item():.2f}; lowest "
+        return (f"gradient cosine with {self.lag} versions before {whole.item():.2f}; lowest "
                 + ", ".join(f"{name} {value:.2f}" for value, name in lowest))
 
 
