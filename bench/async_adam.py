@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import time
 
 import torch
@@ -81,14 +82,16 @@ def main() -> None:
 
 
 class Probe:
-    """The gradient of one fixed batch at the server's weights now and ``lag`` versions before."""
+    """The gradient of one fixed batch at the server's weights now and ``lag`` versions before, computed on a
+    copy of the model so the server's own is never touched."""
 
     def __init__(self, server, lag: int) -> None:
         corpus = read_corpus()
         cut = windows(corpus, 64)
         text = torch.from_numpy(corpus.text.copy())
         self.batch = gather(text, torch.from_numpy(cut.eval[:64]), 65)
-        self.model = server.model
+        self.server = server.model
+        self.model = copy.deepcopy(server.model)
         self.names = [name for name, _ in server.model.named_parameters()]
         self.lag = lag
         self.history: collections.deque[list[torch.Tensor]] = collections.deque(maxlen=lag)
@@ -96,28 +99,18 @@ class Probe:
     def keep(self) -> None:
         """Before each version: the weights the next update starts from (the oldest kept, ``lag`` versions
         before the weights after it, is what a gradient ``lag`` versions stale was computed on)."""
-        self.history.append([p.detach().clone() for p in self.model.parameters()])
+        self.history.append([p.detach().clone() for p in self.server.parameters()])
 
     def _gradient(self, weights: list[torch.Tensor]) -> list[torch.Tensor]:
-        now = [p.detach().clone() for p in self.model.parameters()]
-        grads = [p.grad for p in self.model.parameters()]  # the server's own, restored below
-        self._load(weights)
-        for p in self.model.parameters():
-            p.grad = None
-        next_char_loss(self.model, self.batch).backward()
-        found = [p.grad.clone() for p in self.model.parameters()]
-        self._load(now)
-        for p, g in zip(self.model.parameters(), grads):
-            p.grad = g
-        return found
-
-    def _load(self, weights: list[torch.Tensor]) -> None:
         with torch.no_grad():
             for p, w in zip(self.model.parameters(), weights):
                 p.copy_(w)
+        self.model.zero_grad(set_to_none=True)
+        next_char_loss(self.model, self.batch).backward()
+        return [p.grad for p in self.model.parameters()]
 
     def turn(self) -> str:
-        now = self._gradient([p.detach() for p in self.model.parameters()])
+        now = self._gradient([p.detach() for p in self.server.parameters()])  # new tensors: zero_grad set None
         before = self._gradient(self.history[0])
         cos = torch.nn.functional.cosine_similarity
         whole = cos(torch.cat([g.flatten() for g in now]), torch.cat([g.flatten() for g in before]), dim=0)

@@ -24,7 +24,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gossip.config import RunConfig
+from gossip.config import PS_MODES, RunConfig
 from gossip.errors import GossipError
 from launch.summary import summarise
 from tests.conftest import ROOT
@@ -293,7 +293,7 @@ def mangle(op: str, rng: random.Random, out: Path, taken: set[str]) -> tuple[str
         torch.save(state, path)
         if path.name == "model-final.pt":
             return ("model-final.pt", "not a usable model")
-        parameter_server = json.loads((out / "config.json").read_text())["gossip"]["mode"].startswith("ps-")
+        parameter_server = json.loads((out / "config.json").read_text())["gossip"]["mode"] in PS_MODES
         return None if parameter_server else ("not a usable model",)  # (a damaged server.jsonl changes nothing)
     if op == "trace":
         with np.load(path) as data:
