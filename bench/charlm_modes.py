@@ -92,7 +92,7 @@ def analyse(out: Path, target: float) -> dict:
                 "loss_spread": 0.0}
     summary = json.loads(summary_path.read_text())
     own = [p["test_loss"] for p in summary["peers"] if p["test_loss"] is not None]
-    sent = summary["bytes_sent"] + ((summary.get("server") or {}).get("bytes_sent") or 0)
+    sent = summary["bytes_sent"]  # every process's, the server's included
     return {**row, "loss": summary["loss"], "bytes_sent": sent, "consensus_distance": summary["consensus_distance"],
             "loss_spread": max(own) - min(own) if own else None, "server": summary.get("server")}
 

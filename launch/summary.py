@@ -330,7 +330,9 @@ def build_summary(cfg: RunConfig, out: Path, wall_seconds: float, failed: list[s
         "mean_test_loss": sum(losses) / len(losses) if losses else None,
         "final_model": final_metrics, "consensus_distance": consensus_distance(vectors) if finished else None,
         "consensus_trace": trace, "mean_drift": drift, "final_mean_drift": final_drift, "spectral": spectral(cfg),
-        "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers), "failed": failed,
+        # every process's: the peers' (workers') and, in the ps-* modes, the server's answers
+        "bytes_sent": sum(p["bytes_sent"] or 0 for p in peers) + ((server or {}).get("bytes_sent") or 0),
+        "failed": failed,
         "aggregate": cfg.gossip.robust.aggregate, "byzantine": sorted(byzantine),
         "untrained_model": untrained, "diverged": learned_nothing,
     }

@@ -78,7 +78,8 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
         lines.append(f"staleness (own steps)    mean {mean_tau:.2f}, max {max(t for t, _ in taus)} "
                      f"(histograms per peer in summary.json)")
     lines.append(f"wall time                {summary['wall_seconds']:.1f} s")
-    lines.append(f"bytes sent (all peers)   {summary['bytes_sent'] / 1e6:.1f} MB")
+    sender = "all peers" if "server" not in summary else "workers, server"
+    lines.append(f"{f'bytes sent ({sender})':<24} {summary['bytes_sent'] / 1e6:.1f} MB")
     plotted = "summary.png, " if (out / "summary.png").exists() else ""
     lines.append(f"results                  {out}/ (summary.json, {plotted}peer-<rank>.jsonl, model-*.pt)")
     print("\n".join(lines))

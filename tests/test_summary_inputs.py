@@ -80,6 +80,20 @@ def test_a_peer_whose_rounds_jumped_past_the_others_is_named_and_the_summary_is_
     assert warning.startswith("warning: the peers' consensus traces share no round") and "\n" not in warning
 
 
+def test_a_ps_runs_bytes_sent_count_the_servers_answers_too(tmp_path, capsys):
+    """The server sends each worker the weights back: leaving its bytes out made a ps-* run look half as
+    costly as a gossip run that sends the same messages."""
+    cfg, out = copy_run("ps-sync", tmp_path / "run")
+    ends = [read_lines(out / f"peer-{rank}.jsonl")[-1] for rank in range(cfg.nodes)]
+    server_end = read_lines(out / "server.jsonl")[-1]
+    assert all(e["event"] == "end" for e in [*ends, server_end]) and server_end["bytes_sent"] > 0
+
+    summary = summarise(cfg, out, 1.0, plot=False)
+
+    assert summary["bytes_sent"] == sum(e["bytes_sent"] for e in ends) + server_end["bytes_sent"]
+    assert f"bytes sent (workers, server) {summary['bytes_sent'] / 1e6:.1f} MB" in capsys.readouterr().out
+
+
 def ps_run_whose_server_ended_early(dest: Path) -> tuple[RunConfig, Path]:
     """The ps-sync fixture as the attack left it: the server ended after 36 updates, both workers trained
     on and died (--keep-going) without a model or trace."""
