@@ -4,13 +4,20 @@
     python bench/async_adam.py --workers 4 --fresh        # the same rule, every gradient on the newest weights
     python bench/async_adam.py --workers 2 --lr 1.5e-3 --beta1 0.4    # 1 version stale
     python bench/async_adam.py --workers 4 --versions 600 --probe 100  # how far the gradient turns in 3 versions
+    python bench/async_adam.py --workers 4 --soft-sync 2 --lr 1.5e-3 --beta1 0.4 --versions 2000  # pairs, 1 stale
+    python bench/async_adam.py --workers 4 --changes --lr 3e-3 --beta1 0.9   # workers' own AdamW, changes sent
 
 N workers (the charlm task's shards for a world of N, its model, batches of 16 sequences) take turns: worker
 ``v mod N`` computes a gradient on the weights it last pulled, the server's AdamW steps with it (lr and the
 cosine schedule by version, as the server's do), and the worker pulls the new weights. Every gradient is then
 exactly N - 1 versions stale, the typical staleness of a real ps-async run with N workers (its histogram
 peaks there), with no messages, timing or process scheduling in the way. ``--fresh`` pulls before every
-gradient instead: staleness 0, otherwise the same run. The defaults are the server's "auto" rule for AdamW
+gradient instead: staleness 0, otherwise the same run. ``--soft-sync S``: each version steps with the mean
+of the next S workers' gradients, as ``--soft-sync`` makes the real server do (with 4 workers and S = 2 every
+gradient is 1 version stale). ``--changes``: the asynchronous exchange of parameter changes instead of
+gradients; each worker steps its own AdamW (``--lr``, ``--beta1``, the schedule by its own step) from the
+weights it pulled and the server adds 1/N of that change, so the optimizer's state never sees a stale
+gradient, only the server's weights are behind. The defaults are the server's "auto" rule for AdamW
 with 4 workers (lr 3e-3 / 4, beta1 max(0, 0.9 - 0.75) = 0.15), 4,000 versions: the samples of a default
 4-peer charlm run. Prints the server model's validation loss every quarter of the run.
 
@@ -39,8 +46,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--fresh", action="store_true", help="every gradient on the newest weights (staleness 0)")
+    parser.add_argument("--soft-sync", type=int, default=1, metavar="S",
+                        help="each version steps with the mean of the next S workers' gradients")
     parser.add_argument("--lr", type=float, default=7.5e-4, help="the server's peak lr")
     parser.add_argument("--beta1", type=float, default=0.15)
+    parser.add_argument("--changes", action="store_true",
+                        help="workers step their own AdamW; the server adds 1/N of each change")
     parser.add_argument("--versions", type=int, default=4000)
     parser.add_argument("--probe", type=int, default=0, metavar="K",
                         help="every K versions, how far the gradient turned over the last N - 1 versions")
@@ -65,20 +76,51 @@ def main() -> None:
     for version in range(1, args.versions + 1):
         if probe is not None:
             probe.keep()
-        worker = workers[(version - 1) % args.workers]
-        if args.fresh:
-            pull(worker)
-        worker.compute_gradients()
-        schedule.apply(server.optimizer, version)
-        for target, source in zip(weights, worker.model.parameters()):
-            target.grad = source.grad.clone()
-        server.optimizer.step()
-        pull(worker)
+        batch = [workers[turn % args.workers] for turn in range((version - 1) * args.soft_sync,
+                                                                  version * args.soft_sync)]
+        if args.changes:
+            exchange_change(batch, weights, args, version, pull)
+        else:
+            step_with_gradients(batch, weights, server, schedule, version, args.fresh, pull)
         if probe is not None and version % args.probe == 0:
             print(f"version {version}: {probe.turn()}", flush=True)
         if version % (args.versions // 4) == 0:
             print(f"version {version}: validation loss {server.evaluate()['loss']:.4f} "
                   f"({time.time() - began:.0f} s)", flush=True)
+
+
+def step_with_gradients(batch, weights, server, schedule, version, fresh, pull) -> None:
+    """The server's AdamW steps with the mean of the batch's gradients; the batch's workers pull after."""
+    for target in weights:
+        target.grad = torch.zeros_like(target)
+    for worker in batch:
+        if fresh:
+            pull(worker)
+        worker.compute_gradients()
+        for target, source in zip(weights, worker.model.parameters()):
+            target.grad.add_(source.grad, alpha=1.0 / len(batch))
+    schedule.apply(server.optimizer, version)
+    server.optimizer.step()
+    for worker in batch:
+        pull(worker)
+
+
+def exchange_change(batch, weights, args, version, pull) -> None:
+    """Each of the batch's workers steps its own AdamW (its schedule by its own step) from the weights it
+    pulled, the server adds 1/N of the change, and the worker pulls the server's weights."""
+    steps = args.versions * args.soft_sync // args.workers  # each worker's share of the run
+    schedule = Schedule("cosine", steps, steps // 20, 0.1)
+    for turn, worker in enumerate(batch):
+        if args.fresh:
+            pull(worker)
+        before = [p.detach().clone() for p in worker.model.parameters()]
+        worker.compute_gradients()
+        schedule.apply(worker.optimizer, ((version - 1) * args.soft_sync + turn) // args.workers + 1)
+        worker.optimizer.step()
+        with torch.no_grad():
+            for target, mine, old in zip(weights, worker.model.parameters(), before):
+                target.add_(mine - old, alpha=1.0 / args.workers)
+        pull(worker)
 
 
 class Probe:
