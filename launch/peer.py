@@ -60,6 +60,17 @@ def run_flags(cfg: RunConfig) -> dict[str, Any]:
     return {name: value for name, value in field_values(cfg).items() if name not in PER_PEER}
 
 
+def agreed_flags(cfg: RunConfig, args: argparse.Namespace, world_size: int | None) -> dict[str, Any]:
+    """``run_flags`` as this peer offers them at the rendezvous. A peer that does not know the world size
+    yet checked its flags on a stand-in (``provisional_config``): it offers the topology and speeds it was
+    given, not the stand-in's, and no ``peer_speeds``, which ``--speeds`` and the world size make."""
+    flags = run_flags(cfg)
+    flags.pop("peer_speeds", None)
+    if not world_size:
+        flags.update(topology=args.topology, speeds=tuple(args.speeds))
+    return flags
+
+
 def next_machine_line(cfg: RunConfig, store: str) -> str:
     shared = {k: v for k, v in field_values(cfg).items() if k not in PER_PEER or k in ("threads_per_peer", "base_port")}
     return " ".join(["python -m launch.peer", "--initial-peers", store, *flag_argv(shared, SHARED_FLAGS)])
@@ -101,7 +112,8 @@ def meet(args: argparse.Namespace, rendezvous: RendezvousConfig, plan: Plan) -> 
                                 "the server" if args.server else f"peer {rank}")
             return f"tcp://{announce}:{base_port + rank}"
 
-        assignment = meeting.join(endpoint_of, run_flags(cfg), plan.world_size, plan.rank, args.server,
+        assignment = meeting.join(endpoint_of, agreed_flags(cfg, args, plan.world_size), plan.world_size, plan.rank,
+                                  args.server,
                                   cfg.gossip.parameter_server, time.strftime("%Y%m%d-%H%M%S"))
     finally:
         meeting.close()

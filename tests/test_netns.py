@@ -57,13 +57,17 @@ def test_launcher_trains_across_the_limited_link(hosts, launch_run):
 def test_peers_started_by_hand_on_two_hosts_join_with_the_line_the_first_prints(hosts, tmp_path):
     base, out = free_base_port(4) + 1, tmp_path / "run"  # the first peer's rendezvous store takes base - 1
     peer = [sys.executable, "-m", "launch.peer"]
+    # a topology and speeds other than the defaults: the pasted line carries them, and a joiner, which checks
+    # its flags before it knows the world size, must offer them as given (it offered the ring and no speeds)
     first = subprocess.Popen(hosts.exec(0, [*peer, "--world-size", "3", "--bind", hosts.wan[0], "--steps", "40",
+                                            "--topology", "exponential", "--speeds", "1,1,0.5",
                                             "--base-port", str(base), "--out", str(out)]),
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     procs = [first]
     try:
         line = next(text.strip() for text in first.stdout if text.strip().startswith("python -m launch.peer"))
         assert f"--initial-peers tcp://{hosts.wan[0]}:{base - 1}" in line
+        assert "--topology exponential" in line and "--speeds 1.0,1.0,0.5" in line
         pasted = hosts.exec(1, [*peer, *shlex.split(line)[3:], "--out", str(out)])  # as a user pastes it
         procs += [subprocess.Popen(pasted, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                   for _ in range(2)]
