@@ -72,6 +72,8 @@ def main() -> None:
     for worker in workers:
         pull(worker)
     probe = Probe(server, args.workers - 1) if args.probe else None
+    steps = args.versions * args.soft_sync // args.workers  # each worker's share of the run (--changes)
+    worker_schedule = Schedule("cosine", steps, steps // 20, 0.1)
     began = time.time()
     for version in range(1, args.versions + 1):
         if probe is not None:
@@ -79,7 +81,7 @@ def main() -> None:
         batch = [workers[turn % args.workers] for turn in range((version - 1) * args.soft_sync,
                                                                   version * args.soft_sync)]
         if args.changes:
-            exchange_change(batch, weights, args, version, pull)
+            exchange_change(batch, weights, args, version, worker_schedule, pull)
         else:
             step_with_gradients(batch, weights, server, schedule, version, args.fresh, pull)
         if probe is not None and version % args.probe == 0:
@@ -105,11 +107,9 @@ def step_with_gradients(batch, weights, server, schedule, version, fresh, pull) 
         pull(worker)
 
 
-def exchange_change(batch, weights, args, version, pull) -> None:
-    """Each of the batch's workers steps its own AdamW (its schedule by its own step) from the weights it
+def exchange_change(batch, weights, args, version, schedule, pull) -> None:
+    """Each of the batch's workers steps its own AdamW (``schedule`` by its own step) from the weights it
     pulled, the server adds 1/N of the change, and the worker pulls the server's weights."""
-    steps = args.versions * args.soft_sync // args.workers  # each worker's share of the run
-    schedule = Schedule("cosine", steps, steps // 20, 0.1)
     for turn, worker in enumerate(batch):
         if args.fresh:
             pull(worker)

@@ -112,8 +112,8 @@ def meet(args: argparse.Namespace, rendezvous: RendezvousConfig, plan: Plan) -> 
                                 "the server" if args.server else f"peer {rank}")
             return f"tcp://{announce}:{base_port + rank}"
 
-        assignment = meeting.join(endpoint_of, agreed_flags(cfg, args, plan.world_size), plan.world_size, plan.rank,
-                                  args.server,
+        offered = agreed_flags(cfg, args, plan.world_size)
+        assignment = meeting.join(endpoint_of, offered, plan.world_size, plan.rank, args.server,
                                   cfg.gossip.parameter_server, time.strftime("%Y%m%d-%H%M%S"))
     finally:
         meeting.close()

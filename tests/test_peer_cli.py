@@ -3,6 +3,8 @@ reproduce a configuration, and one clear line (exit 2) for bad flags, variables 
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from launch import cli, flags
@@ -40,6 +42,18 @@ def test_the_line_for_the_next_machine_carries_the_run_flags_only():
                                                "--bind", "10.0.0.1", "--base-port", "5000"])
     line = peer_cli.next_machine_line(flags.config_from_args(args, nodes=3), "tcp://10.0.0.1:4999")
     assert line == "python -m launch.peer --initial-peers tcp://10.0.0.1:4999 --steps 50 --base-port 5000"
+
+
+@pytest.mark.parametrize("run", [[], ["--topology", "exponential", "--speeds", "1,1,0.5"], ["--topology", "torus"]])
+def test_a_joiner_offers_the_first_peers_run_flags_from_the_line_it_printed(run):
+    """A joiner checks its flags on a stand-in before it knows the world size; what it offers at the
+    rendezvous must still equal what the first peer offers (it offered the stand-in's ring and no speeds)."""
+    parser = peer_cli.build_parser()
+    first = parser.parse_args(["--world-size", "3", "--steps", "40", *run])
+    offered = peer_cli.agreed_flags(peer_cli.provisional_config(first, 3), first, 3)
+    line = peer_cli.next_machine_line(flags.config_from_args(first, nodes=3), "tcp://10.0.0.1:4999")
+    joiner = parser.parse_args(shlex.split(line)[3:])
+    assert peer_cli.agreed_flags(peer_cli.provisional_config(joiner, None), joiner, None) == offered
 
 
 @pytest.mark.parametrize("argv,env,expected", [
