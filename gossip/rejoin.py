@@ -6,6 +6,11 @@ and only when it echoes that nonce, so one who never read our hello cannot welco
 welcome's header (the round and step its sender re-admitted us in); with ``keep_first``, the first model
 each welcoming sender sends next is kept too, for ``take_models``.
 
+On a time-varying graph we say hello to every peer but wait only for the welcomes of our first round's
+neighbours; the others re-admit us whenever they next reach a mixing point. With ``late`` set after that
+wait, their welcomes are still taken and queued (``take_late``): synchronous gossip owes each of them
+the rounds between the one it re-admitted us in and the one we went on from.
+
 Pure state: the owning mailbox holds its lock around every call.
 """
 
@@ -28,20 +33,46 @@ class Rejoin:
         self.rejoining = False  # welcomes are taken only while we rejoin
         self.first: dict[int, Header] = {}  # sender -> the header of its welcome
         self.keep_first = False  # rejoining without a checkpoint: also keep each sender's first model
+        self.late = False  # after the rejoin's wait: still take welcomes, queued for ``take_late``
+        self._late: dict[int, Header] = {}
         self._models: dict[int, list[torch.Tensor]] = {}
 
     def proves(self, header: Header) -> bool:
         """A welcome that echoes our hello's nonce is proven, whatever connection first spoke for its sender."""
-        return self.rejoining and header.nonce == self.nonce
+        return (self.rejoining or self.late) and header.nonce == self.nonce
 
     def welcome(self, header: Header) -> None:
         """Take ``header``'s welcome (``sender`` takes us back in its round), or raise ``ProtocolError``."""
-        if not self.rejoining:
+        if not (self.rejoining or self.late):
             raise ProtocolError("welcome", f"a welcome from peer {header.sender}, but we are not rejoining")
         if header.nonce != self.nonce:
             raise ProtocolError("welcome-nonce", f"a welcome in peer {header.sender}'s name that answers no hello "
                                                  "of ours")
-        self.first.setdefault(header.sender, header)
+        if header.sender in self.first:
+            return
+        self.first[header.sender] = header
+        if not self.rejoining:
+            self._late[header.sender] = header
+
+    def end_wait(self, served: Iterable[int], late: bool) -> None:
+        """The rejoin's wait is over and ``served`` are the welcomes it returned; with ``late``, go on taking
+        welcomes, the ones that came since the wait returned queued as late already."""
+        self.rejoining, self.late = False, late
+        if late:
+            self._late = {j: header for j, header in self.first.items() if j not in set(served)}
+
+    def has_late(self) -> bool:
+        return bool(self._late)
+
+    def take_late(self) -> dict[int, Header]:
+        """The welcomes that came after the rejoin's wait and were not taken yet."""
+        late, self._late = self._late, {}
+        return late
+
+    def readmits_after(self, sender: int, round: int) -> bool:
+        """Did ``sender`` re-admit us in a round after ``round`` (so it sent us nothing for that one)?"""
+        welcome = self.first.get(sender)
+        return welcome is not None and welcome.round > round
 
     def filed(self, message: Message) -> None:
         """A model-carrying message was filed: with ``keep_first``, keep its sender's first after its welcome."""

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from gossip.averagers.mailboxes import LatestMailbox, MassMailbox, PushSumMailbox
+from gossip.averagers.mailboxes import LatestMailbox, MassMailbox, PushSumMailbox, RoundMailbox
 from gossip.coordinator.mailboxes import PER_WORKER, QueueMailbox
 from gossip.errors import PeerFailed, PeerTimeout, ProtocolError
 from gossip.liveness import CONFIRM_SECONDS
@@ -286,6 +286,37 @@ def test_a_welcome_counts_only_while_we_rejoin_and_only_when_it_answers_our_hell
         assert excinfo.value.reason == "welcome-nonce"
     box.deliver(None, welcome)
     assert box.rejoin.first[1].round == 5
+
+
+def test_after_a_rejoin_a_late_welcome_is_served_while_we_wait_and_one_from_a_later_round_is_not_waited_for():
+    """On a time-varying graph a restarted peer waits for its first round's neighbours' welcomes only (peer 1,
+    round 5, where it goes on). Peer 2 welcomes it later, in round 3: it waits for our rounds 3 and 4, so its
+    welcome must reach the averager (``serve``) while we wait for round 5. Peer 3 welcomes it in round 7:
+    it sent us nothing for round 5, and round 5 must not wait for it."""
+    box = RoundMailbox(0, 4, LAYOUT, lambda sender, round: True, window=4)
+    box.anchored = False
+    box.rejoin.rejoining = True
+    box.deliver(None, encode(Header(kind="welcome", sender=1, round=5, step=5, nonce=box.rejoin.nonce)))
+    box.end_rejoin_wait({1}, late=True)
+    box.anchor(5)
+    served: list[dict] = []
+    outcome: dict[str, object] = {}
+    waiter = threading.Thread(target=lambda: outcome.setdefault(
+        "messages", box.wait_round(5, (1, 2, 3), timeout=30, serve=served.append)))
+    waiter.start()
+    box.deliver(None, params(1, 5))
+    box.deliver(None, encode(Header(kind="welcome", sender=2, round=3, step=3, nonce=box.rejoin.nonce)))
+    wait_until(lambda: served, 10, "the late welcome served")
+    assert [{j: h.round for j, h in late.items()} for late in served] == [{2: 3}]
+    box.deliver(None, params(2, 4))  # sent after re-admitting us, for a round we skipped: dropped quietly
+    box.deliver(None, encode(Header(kind="welcome", sender=3, round=7, step=7, nonce=box.rejoin.nonce)))
+    assert waiter.is_alive()  # still waiting for peer 2's round 5
+    box.deliver(None, params(2, 5))
+    waiter.join(10)
+    assert not waiter.is_alive() and sorted(outcome["messages"]) == [1, 2]
+    with pytest.raises(ProtocolError) as excinfo:  # peer 3 re-admitted us in round 7: its round 4 is no such one
+        box.deliver(None, params(3, 4))
+    assert excinfo.value.reason == "stale-round"
 
 
 def test_a_welcome_that_answers_our_hello_takes_its_senders_name_back_from_a_stranger_that_spoke_first():

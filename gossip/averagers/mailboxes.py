@@ -63,6 +63,11 @@ class GossipMailbox(Mailbox):
         with self._cond:
             return self.rejoin.welcomes(senders)
 
+    def end_rejoin_wait(self, served: Iterable[int], late: bool) -> None:
+        """``Rejoin.end_wait``, under the lock: no welcome slips between the wait's end and ``late``."""
+        with self._cond:
+            self.rejoin.end_wait(served, late)
+
     def take_first_models(self) -> dict[int, list[torch.Tensor]]:
         with self._cond:
             return self.rejoin.take_models()
@@ -111,6 +116,7 @@ class RoundMailbox(GossipMailbox):
         self.window = window
         self.current = 0
         self.anchored = True  # False while rejoining: the rounds the neighbours are in are not known yet
+        self.anchored_at = 0  # the round we went on from after a restart
         self._rounds: dict[int, dict[int, Message]] = {}
 
     def _file(self, message: Message) -> None:
@@ -126,6 +132,9 @@ class RoundMailbox(GossipMailbox):
                 raise ProtocolError("future-round", f"round {header.round} from peer {header.sender} is far "
                                                     f"beyond the round {welcome.round} it re-admitted us in")
         elif header.round < self.current:
+            welcome = self.rejoin.first.get(header.sender)
+            if welcome is not None and welcome.round <= header.round < self.anchored_at:
+                return  # sent after re-admitting us, for a round before the one we went on from: as ``anchor``
             raise ProtocolError("stale-round", f"round {header.round} from peer {header.sender} is over "
                                                f"(we are in round {self.current})")
         elif header.round > self.current + self.window:
@@ -141,18 +150,37 @@ class RoundMailbox(GossipMailbox):
     def anchor(self, round: int) -> None:
         """Rejoining: from now on we are in ``round``; what arrived for earlier rounds is dropped."""
         with self._cond:
-            self.current, self.anchored = round, True
+            self.current, self.anchored, self.anchored_at = round, True, round
             for old in [r for r in self._rounds if r < round]:
                 del self._rounds[old]
 
-    def wait_round(self, round: int, senders: Sequence[int], timeout: float) -> dict[int, Message]:
-        """The round's messages from ``senders`` (not waiting for dead ones); PeerTimeout naming the
-        missing ones after ``timeout``."""
-        missing = self._wait(lambda: set(senders) - self._rounds.get(round, {}).keys() - self._dead(), timeout)
-        if missing:
+    def wait_round(self, round: int, senders: Sequence[int], timeout: float,
+                   serve: Callable[[dict[int, Header]], None] | None = None) -> dict[int, Message]:
+        """The round's messages from ``senders`` (not waiting for dead ones, nor, after our restart, for one
+        that re-admitted us in a later round); PeerTimeout naming the missing ones after ``timeout``.
+        ``serve`` is called, without the lock, with the welcomes that come late (``Rejoin.take_late``),
+        before and while we wait: the peers who sent them may be waiting for us."""
+        deadline = time.monotonic() + timeout
+
+        def missing() -> set[int]:
+            if self.rejoin.has_late():
+                return set()
+            return {j for j in senders if j not in self._rounds.get(round, {}) and j not in self._dead()
+                    and not self.rejoin.readmits_after(j, round)}
+
+        while True:
+            with self._cond:
+                late = self.rejoin.take_late()
+            if late and serve is not None:
+                serve(late)
+            left = self._wait(missing, deadline - time.monotonic())
+            with self._cond:
+                if not self.rejoin.has_late():
+                    break
+        if left:
             raise PeerTimeout(f"peer {self.rank} waited {timeout:g} s for round {round} from peer(s) "
-                              f"{ranks_text(missing)} (--round-timeout); did they stop or fall behind?"
-                              f"{impostors(self.liveness.foreign, missing)}")
+                              f"{ranks_text(left)} (--round-timeout); did they stop or fall behind?"
+                              f"{impostors(self.liveness.foreign, left)}")
         return self.take_round(round)
 
     def take_round(self, round: int) -> dict[int, Message]:

@@ -139,7 +139,7 @@ class GossipAverager(Averager):
         self.transport.post(peers, self._hello(), latest_only=False, timeout=self.config.timeouts.send_timeout)
         with self._timed_wait():
             first = self.mailbox.wait_first(self._hello_peers(), self.config.timeouts.round_timeout)
-        self.mailbox.rejoin.rejoining = False
+        self.mailbox.end_rejoin_wait(first, late=self._takes_late_welcomes())
         silent = set(self._hello_peers()) - first.keys()
         if silent:
             self.mailbox.declare_dead(silent)
@@ -154,6 +154,11 @@ class GossipAverager(Averager):
                  "; took the mean of ours and theirs" if found and blend and first else
                  "" if found else "; took their mean model (no checkpoint)")
         return first
+
+    def _takes_late_welcomes(self) -> bool:
+        """Whether the welcomes of the peers we did not wait for are still taken after the rejoin's wait
+        (``gossip/rejoin.py``): only a mode that owes those peers something does."""
+        return False
 
     def _rejoin_round(self, found: bool) -> tuple[dict[int, Header], int]:
         """The push-sum modes' rejoin (``_rejoin_gossip``): the welcomes, and the round to go on in, the latest

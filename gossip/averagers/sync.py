@@ -73,7 +73,7 @@ from gossip.averagers.mass import PushSumMass
 from gossip.averagers.neighbours import GossipAverager
 from gossip.averagers.sent import SentWeights
 from gossip.deadlines import ArrivalDeadlines
-from gossip.net.wire import encode, params_header
+from gossip.net.wire import Header, encode, params_header
 
 
 def snapshot_credit(own_weight: float, total: float) -> float:
@@ -172,22 +172,37 @@ class SyncGossip(GossipAverager):
             self.mailbox.anchored = False
 
     def _rejoin(self, found: bool, weight: float) -> None:
-        """Restarted (``--resume``): take the others' round R (the latest any live neighbour is in), send a
-        neighbour in an earlier round J a massless message for each round J..R-1, which it is waiting for,
-        so that it catches up, and drop what it sent us for those rounds; then go on in lockstep. The local
-        step jumps with the round, so we end with the others (``gossip_every`` steps per round)."""
+        """Restarted (``--resume``): take the others' round R (the latest any live neighbour of our first
+        round is in), send a neighbour that re-admitted us in an earlier round J a massless message for each
+        round J..R-1 it expects from us, which it is waiting for, so that it catches up, and drop what it
+        sent us for those rounds; then go on in lockstep. On a time-varying graph the peers we did not wait
+        for welcome us later, each in its own round J: one behind R gets its rounds J..R-1 when its welcome
+        comes, while we wait for a round (``_catch_up``); one ahead of R sent us nothing for R..J-1, and we
+        do not wait for those (``RoundMailbox.wait_round``). The local step jumps with the round, so we end
+        with the others (``gossip_every`` steps per round)."""
         self.mass.weight = weight if found else 1.0
         first, rejoin = self._rejoin_round(found)
         if not self.adaptive:
-            for j, header in first.items():
-                for round in range(header.round, rejoin):
-                    if j in self.topology.out_neighbours(self.rank, round):
-                        header0 = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes,
-                                                round=round, step=self.local_step, weight=0.0)
-                        self.transport.post([j], encode(header0, self.flat.snapshot()), latest_only=False,
-                                            timeout=self.config.timeouts.send_timeout)
+            self._catch_up(first, rejoin)
             self.mailbox.anchor(rejoin)
         self._go_on_from(rejoin)
+
+    def _takes_late_welcomes(self) -> bool:
+        return not self.adaptive and self._rejoin_peers() != self._hello_peers()
+
+    def _catch_up(self, welcomes: dict[int, Header], rejoin: int) -> None:
+        """Send each of ``welcomes``' senders, re-admitting us in round J, a massless message for each round
+        in J..``rejoin``-1 in which it is our out-neighbour."""
+        for j, header in sorted(welcomes.items()):
+            rounds = [r for r in range(header.round, rejoin) if j in self.topology.out_neighbours(self.rank, r)]
+            if j in self.dead or not rounds:
+                continue
+            snapshot = self.flat.snapshot()
+            for round in rounds:
+                header0 = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes,
+                                        round=round, step=self.local_step, weight=0.0)
+                self.transport.post([j], encode(header0, snapshot), latest_only=False,
+                                    timeout=self.config.timeouts.send_timeout)
 
     def close(self, finish: bool = True) -> None:
         try:
@@ -237,7 +252,8 @@ class SyncGossip(GossipAverager):
         senders = tuple(j for j in self.topology.in_neighbours(self.rank, round) if j not in self.dead)
         if not self.adaptive:
             with self._timed_wait():
-                messages = self.mailbox.wait_round(round, senders, self.config.timeouts.round_timeout)
+                messages = self.mailbox.wait_round(round, senders, self.config.timeouts.round_timeout,
+                                                   serve=lambda late: self._catch_up(late, self.resumed_at or 0))
             row = self.topology.mixing_matrix(round)[self.rank]
             # in rank order, not arrival order: the same sums in the same order make a run reproducible
             return [(float(row[j]) * m.header.weight, m.chunks) for j, m in sorted(messages.items())]
