@@ -5,7 +5,7 @@
 
 N peers train the ``charlm`` task at its recipe on one machine, one of them ``--slow`` times as fast
 (``--speeds``; every step also takes ``--compute-ms`` of emulated accelerator time scaled by 1 / speed, so
-the slow peer's real compute is not the only thing that differs). Each row runs gossip-sync with the outer
+the slow peer's real compute is not the only thing that differs). Each row runs gossip-sync on the ring with the outer
 Nesterov step (``--outer-optimizer nesterov``, OpenDiLoCo's lr 0.7 and momentum 0.9) and AdamW at a constant
 learning rate after the recipe's warm-up (a decaying schedule needs a step count that time rounds do not fix):
 
@@ -50,8 +50,9 @@ def rows(args: argparse.Namespace, seconds_per_step: float) -> dict[str, list[st
 
 def run(out: Path, args: argparse.Namespace, extra: list[str]) -> dict:
     speeds = [1.0] * (args.nodes - 1) + [1.0 / args.slow]
-    command = [sys.executable, "-m", "launch", "--task", "charlm", "--mode", "gossip-sync", "--nodes",
-               str(args.nodes), "--speeds", ",".join(f"{s:g}" for s in speeds), "--compute-ms", str(args.compute_ms),
+    command = [sys.executable, "-m", "launch", "--task", "charlm", "--mode", "gossip-sync", "--topology", "ring",
+               "--nodes", str(args.nodes), "--speeds", ",".join(f"{s:g}" for s in speeds),
+               "--compute-ms", str(args.compute_ms),
                "--eval-every", "0", "--seed", str(args.seed), "--out", str(out), "--progress", "off", "--no-plot",
                "--base-port", str(free_base_port(args.nodes)), *extra]
     subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, timeout=1800)

@@ -7,7 +7,7 @@ Every variant trains the same MLP on the same shards (peer r's shard of the seed
 same learning rate, momentum and batch size, and emulates the same accelerator step (``--compute-ms``,
 scaled by 1 / speed, so the slow peer's step takes four times as long). The rows:
 
-- ``gossip-sync, fixed wait``: D-PSGD; each round waits for every neighbour (up to ``--round-timeout``).
+- ``gossip-sync, fixed wait``: D-PSGD on the ring; each round waits for every neighbour (up to ``--round-timeout``).
 - ``gossip-sync, adaptive deadlines``: waits per neighbour at most median + k * MAD of its lateness and not
   at all for a neighbour that reports a slower pace; late messages are mixed when they come (push-sum).
 - ``gossip-async (push-sum)``: never waits; every message is mixed once, the weighted mean is kept.
@@ -62,7 +62,7 @@ def variants(args: argparse.Namespace, nodes: int) -> dict[str, list[str]]:
     per_round = sum(max(1.0, args.round_seconds * s / (args.compute_ms / 1000 + OVERHEAD_SECONDS)) for s in speeds)
     rounds = math.ceil(nodes * args.steps / per_round)
     return {
-        "gossip-sync, fixed wait": [],
+        "gossip-sync, fixed wait": ["--topology", "ring"],  # (measured on the ring, beside the adaptive rows)
         "gossip-sync, adaptive deadlines": ["--deadline", "adaptive"],
         "gossip-async (push-sum)": ["--mode", "gossip-async"],
         "gossip-async, latest rule, staleness 1/(1+tau)": ["--mode", "gossip-async", "--async-rule", "latest",

@@ -116,7 +116,7 @@ class GossipConfig:
         if self.mode != "gossip-sync" and (sync.weight_by != "none" or sync.deadline != "fixed"):
             raise ConfigError("--weight-by samples and --deadline adaptive need --mode gossip-sync (gossip-async "
                               "never waits, and its push-sum mass already carries whatever arrives late)")
-        if not sync.overlap and self.mode != "gossip-sync":
+        if sync.overlap is False and self.mode != "gossip-sync":
             raise ConfigError("--no-overlap applies to --mode gossip-sync (the other modes never wait for a round)")
         if self.parameter_server and (graph.schedule != "steps" or graph.partners != "any"):
             raise ConfigError("--schedule time and --partners apply to the gossip modes; the ps-* modes talk to "
@@ -189,9 +189,34 @@ class GossipConfig:
         """The server takes the rank after the last worker's, so one list of endpoints names everyone."""
         return self.world_size
 
+    @property
+    def topology_spec(self) -> str:
+        """``--topology``, with "auto" resolved: SGP's exponential graph for gossip-sync's plain lockstep mix
+        (every step, fixed deadlines, no --weight-by, the plain mean, no --compress, --partners any), where it
+        came closest to a synchronous server with AdamW on the language model (docs/architecture.md, section
+        3.1); the random graph with --partners similar-speed, the one graph it applies to; the ring otherwise,
+        where the other rules were built and measured."""
+        if self.graph.topology != "auto":
+            return self.graph.topology
+        graph, sync = self.graph, self.sync
+        if graph.partners != "any":
+            return "random"
+        plain = (self.mode == "gossip-sync" and graph.schedule == "steps" and graph.gossip_every == 1
+                 and graph.partners == "any" and sync.deadline == "fixed" and sync.weight_by == "none"
+                 and self.robust.aggregate == "mean" and self.compression.compress == "none")
+        return "exponential" if plain else "ring"
+
+    @property
+    def overlaps(self) -> bool:
+        """``--overlap``, with auto (None) resolved: off on the exponential graph (SGP's setting: each round
+        mixes this step's weights), on elsewhere."""
+        if self.sync.overlap is not None:
+            return self.sync.overlap
+        return self.topology_spec != "exponential"
+
     def build_topology(self) -> topologies.Topology:
         """The topology every peer of this run builds, with partner classes when ``partners`` asks for them."""
-        topology = build_topology(self.graph.topology, self.world_size)
+        topology = build_topology(self.topology_spec, self.world_size)
         if self.graph.partners == "similar-speed":
             speeds = self.graph.peer_speeds or (1.0,) * self.world_size
             try:
@@ -673,6 +698,10 @@ def _check_unused(cfg: RunConfig) -> None:
                               f"or {' and '.join(need.fix for need in unmet)}")
 
 
+# the gossip settings whose default the config resolves by the run's other settings: what auto gives
+GRAPH_AUTO = {"topology": lambda gossip: gossip.topology_spec, "overlap": lambda gossip: gossip.overlaps}
+
+
 def _owner(cfg: RunConfig, name: str) -> Any:
     """The part of ``cfg`` that holds field ``name``: the run itself, its coordinator part, or its gossip
     part or one of that part's sections."""
@@ -690,6 +719,10 @@ def _given(cfg: RunConfig, name: str) -> bool:
     """Does field ``name`` differ from its default (an "auto" field: from what auto gives this run)?"""
     if name in AUTO_FIELDS:
         return _value(cfg, name) != recipe_values(cfg.task, cfg.optimizer, cfg.steps, cfg.lr)[name]
+    if name in GRAPH_AUTO:  # (a configuration written before auto existed holds what auto gives)
+        value = _value(cfg, name)
+        auto = _default(type(_owner(cfg, name)), name)
+        return value != auto and value != GRAPH_AUTO[name](cfg.gossip.replace(**{name: auto}))
     owner = _owner(cfg, name)
     return getattr(owner, name) != _default(type(owner), name)
 
@@ -730,7 +763,7 @@ def _check_compress(cfg: GossipConfig) -> None:
     if others:
         raise ConfigError(f"--compress {compress} cannot be combined with {others[0]}: compressed gossip mixes "
                           "the neighbours' public copies in lockstep rounds with the plain mean")
-    topology = build_topology(cfg.graph.topology, cfg.world_size) if cfg.world_size > 1 else None
+    topology = build_topology(cfg.topology_spec, cfg.world_size) if cfg.world_size > 1 else None
     if topology is not None and (topology.directed or topology.time_varying):
         raise ConfigError(f"--compress {compress} needs a fixed undirected topology (ring, torus, full, ...), "
                           f"not {topology.spec}: each neighbour keeps a copy of our public model, built from every "
@@ -771,5 +804,5 @@ def _check_robust_degree(cfg: GossipConfig, topology: topologies.Topology) -> No
         for rank in range(cfg.world_size):
             if (degree := len(topology.in_neighbours(rank, round))) < 2:
                 raise ConfigError(f"--aggregate {cfg.robust.aggregate} needs at least 2 neighbours per peer (3 "
-                                  f"inputs, so that one can be outvoted); --topology {cfg.graph.topology} with "
+                                  f"inputs, so that one can be outvoted); --topology {cfg.topology_spec} with "
                                   f"--nodes {cfg.world_size} gives peer {rank} {degree} in round {round}")

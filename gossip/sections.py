@@ -34,7 +34,7 @@ class Graph:
     """Who mixes with whom (the topology, partner classes by declared speed) and when (every
     ``gossip_every`` steps, or every ``round_seconds`` under schedule "time")."""
 
-    topology: str = "ring"
+    topology: str = "auto"  # GossipConfig.topology_spec resolves it
     partners: str = "any"
     peer_speeds: tuple[float, ...] = ()  # declared per-peer speeds (partners "similar-speed"); empty: all 1
     gossip_every: int = 1
@@ -53,7 +53,7 @@ class SyncRounds:
     """gossip-sync's lockstep rounds: overlap with the next steps, what a peer's mass counts, and the
     deadline after which a late neighbour's share waits for the next round (``gossip/deadlines.py``)."""
 
-    overlap: bool = True
+    overlap: bool | None = None  # None: auto (GossipConfig.overlaps resolves it)
     # Overlap copies the weights it sends only when they change before the next mix, as seen by a hook on
     # optimizer steps and the forward pass (gossip/writes.py); a loop that writes them otherwise (in place
     # through ``.data``, without a torch.optim optimizer) sets False to copy every round.
@@ -67,7 +67,9 @@ class SyncRounds:
     straggler_fraction: float = 0.75
 
     def __post_init__(self) -> None:
-        check_bool(self, "overlap", "lazy_snapshot")
+        if self.overlap is not None:
+            check_bool(self, "overlap")
+        check_bool(self, "lazy_snapshot")
         check_choice(self, "weight_by", WEIGHT_BY)
         check_choice(self, "deadline", DEADLINES)
         check_int(self, "deadline_window", minimum=3)

@@ -92,8 +92,10 @@ TABLE: list[Flag] = [
     Flag("--heads", "heads", DATA, "charlm: attention heads (divides --model-dim)"),
     Flag("--dim", "dim", DATA, "vector length of the consensus task"),
 
-    Flag("--topology", "topology", MIXING, "graph spec: ring, torus[:RxC], random[:degree=D,seed=S], full, "
-                                           "exponential, star"),
+    Flag("--topology", "topology", MIXING, "graph spec: auto, ring, torus[:RxC], random[:degree=D,seed=S], full, "
+                                           "exponential, star (auto: exponential for gossip-sync's plain lockstep "
+                                           "mix, SGP's one-peer graph; random with --partners similar-speed; the "
+                                           "ring otherwise)"),
     Flag("--gossip-every", "gossip_every", MIXING, "local steps between two mixes (--schedule steps)"),
     Flag("--aggregate", "aggregate", MIXING, "how models or gradients are combined: " + ", ".join(AGGREGATES) +
                                              " (median, trimmed-mean: coordinate-wise over own and neighbours' "
@@ -307,6 +309,8 @@ def parse_ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 3 or 0,5")
 
 
+# on/off flags whose default (None) the config resolves, and how that default is shown
+AUTO_SWITCHES = {"overlap": "auto: off on the exponential graph, else on"}
 # list-valued flags: how an empty default is shown, and how the flag is parsed
 PER_PEER_DEFAULTS = {"speeds": "all 1", "link_mbit": "none", "link_latency_ms": "none", "byzantine": "none"}
 LIST_PARSERS = {**{name: parse_floats for name in PER_PEER_DEFAULTS}, "byzantine": parse_ints,
@@ -330,9 +334,9 @@ def add_flags(parser: argparse.ArgumentParser, table: list[Flag]) -> None:
             add(flag, dest=name, action="store_true", help=help_text)
             continue
         shown = (",".join(map(str, default)) or PER_PEER_DEFAULTS.get(name, "none")) if isinstance(default, tuple) \
-            else default
+            else AUTO_SWITCHES.get(name, default)
         help_text = f"{help_text} (default: {shown!s})" if name != "out" else help_text
-        if isinstance(default, bool):
+        if isinstance(default, bool) or name in AUTO_SWITCHES:
             add(flag, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif name in CHOICES:
             add(flag, dest=name, choices=CHOICES[name], default=default, help=help_text)

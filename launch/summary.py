@@ -317,7 +317,7 @@ def build_summary(cfg: RunConfig, out: Path, wall_seconds: float, failed: list[s
                   if p["test_accuracy"] is not None and p["rank"] not in byzantine]
     losses = [p["test_loss"] for p in peers if p["test_loss"] is not None and p["rank"] not in byzantine]
     summary = {
-        "mode": cfg.gossip.mode, "topology": None if cfg.gossip.parameter_server else cfg.gossip.graph.topology,
+        "mode": cfg.gossip.mode, "topology": None if cfg.gossip.parameter_server else cfg.gossip.topology_spec,
         "nodes": cfg.nodes, "task": cfg.task,
         "steps": cfg.steps, "schedule": cfg.gossip.graph.schedule, "rounds": cfg.total_rounds,
         "seed": cfg.gossip.seed, "wall_seconds": wall_seconds, "headline": recipe(cfg.task).headline,

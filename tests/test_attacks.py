@@ -37,7 +37,8 @@ RUN = ["--steps", "150", "--compute-ms", "20"]
 def _start(out: Path, *extra: str, run: list[str] = RUN, nodes: int = NODES,
            env: dict[str, str] | None = None) -> tuple[Launched, int]:
     base = free_base_port(nodes + 1)
-    return start_launcher(out, nodes, *run, *extra, base_port=base, env=env), base
+    ring = () if "--topology" in (*run, *extra) else ("--topology", "ring")  # (the attacks aim at ring neighbours)
+    return start_launcher(out, nodes, *run, *ring, *extra, base_port=base, env=env), base
 
 
 def _finish(launcher: Launched, out: Path) -> tuple[int, str]:

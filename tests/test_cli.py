@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from launch.cli import build_parser, main
-from launch.flags import CHOICES, FLAGS, GROUPS, PER_PEER_DEFAULTS, SWITCHES
+from launch.flags import AUTO_SWITCHES, CHOICES, FLAGS, GROUPS, PER_PEER_DEFAULTS, SWITCHES, config_from_args
 from tests.conftest import ROOT, free_base_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -53,8 +53,9 @@ def test_help_shows_every_flag_with_its_default():
         if row.name != "out" and row.name not in SWITCHES:
             default = parser.get_default(row.name)
             per_peer = isinstance(default, tuple)
-            shown = ",".join(map(str, default)) or PER_PEER_DEFAULTS[row.name] if per_peer else str(default)
-            if isinstance(default, bool):
+            shown = ",".join(map(str, default)) or PER_PEER_DEFAULTS[row.name] if per_peer \
+                else AUTO_SWITCHES.get(row.name, str(default))
+            if isinstance(default, bool) or row.name in AUTO_SWITCHES:
                 usage = f"{row.flag}, --no-{row.flag[2:]}"
             elif row.name in CHOICES:
                 usage = f"{row.flag} {{{','.join(CHOICES[row.name])}}}"
@@ -90,9 +91,13 @@ def test_help_groups_the_flags_under_titles_in_order_and_lists_each_once():
     assert [row.group for row in FLAGS] == sorted((row.group for row in FLAGS), key=GROUPS.index)  # one run each
 
 
-def test_defaults_are_four_peers_on_a_ring_training_digits():
+def test_defaults_are_four_gossip_sync_peers_on_sgps_graph_training_digits():
     args = build_parser().parse_args([])
-    assert (args.nodes, args.topology, args.mode, args.task) == (4, "ring", "gossip-sync", "digits")
+    assert (args.nodes, args.topology, args.overlap, args.mode, args.task) == (4, "auto", None, "gossip-sync", "digits")
+    gossip = config_from_args(args).gossip
+    assert (gossip.topology_spec, gossip.overlaps) == ("exponential", False)
+    async_gossip = config_from_args(build_parser().parse_args(["--mode", "gossip-async"])).gossip
+    assert (async_gossip.topology_spec, async_gossip.overlaps) == ("ring", True)
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -126,7 +131,8 @@ def test_defaults_are_four_peers_on_a_ring_training_digits():
     (["--weight-by", "bytes"], "--weight-by 'bytes' is not valid; choose one of: none, samples"),
     (["--straggler-fraction", "1.5"], "--straggler-fraction must be in (0, 1)"),
     (["--deadline-window", "2"], "--deadline-window must be >= 3"),
-    (["--partners", "similar-speed"], "--partners similar-speed: partner choice by speed applies to the random"),
+    (["--partners", "similar-speed", "--topology", "ring"],
+     "--partners similar-speed: partner choice by speed applies to the random"),
     (["--link-mbit", "0,10"], "--link-mbit lists 2 values for 4 peers; give one per peer"),
     (["--link-mbit", "0,0,0,-1"], "--link-mbit must be rates in Mbit/s >= 0"),
     (["--link-latency-ms", "1,2,3"], "--link-latency-ms lists 3 values for 4 peers"),

@@ -279,3 +279,35 @@ def test_explicit_endpoints_win():
 def test_chunk_bytes_is_a_multiple_of_64(chunk_mb):
     chunk_bytes = GossipConfig.of(chunk_mb=chunk_mb).network.chunk_bytes
     assert chunk_bytes % 64 == 0 and 0 < chunk_bytes <= chunk_mb * (1 << 20) < chunk_bytes + 64
+
+
+@pytest.mark.parametrize("settings,spec,overlaps", [
+    ({}, "exponential", False),  # gossip-sync's plain lockstep mix: SGP's graph, without overlap
+    ({"overlap": True}, "exponential", True),
+    ({"topology": "ring"}, "ring", True),
+    ({"topology": "exponential"}, "exponential", False),
+    ({"topology": "torus", "overlap": False}, "torus", False),
+    ({"mode": "gossip-async"}, "ring", True),
+    ({"deadline": "adaptive"}, "ring", True),
+    ({"weight_by": "samples"}, "ring", True),
+    ({"compress": "int8"}, "ring", True),
+    ({"aggregate": "median"}, "ring", True),
+    ({"gossip_every": 10}, "ring", True),
+    ({"schedule": "time"}, "ring", True),
+    ({"partners": "similar-speed", "peer_speeds": (1, 1, 1, 0.25)}, "random", True),  # (the graph it applies to)
+])
+def test_the_auto_topology_and_overlap_follow_the_mix(settings, spec, overlaps):
+    gossip = GossipConfig.of(world_size=4, **settings)
+    assert (gossip.topology_spec, gossip.overlaps) == (spec, overlaps)
+    assert gossip.build_topology().spec.split(":")[0] == spec
+
+
+def test_a_configuration_written_before_auto_loads_and_a_graph_given_where_none_is_read_is_refused():
+    """A config.json from before "auto" holds what auto gives (the ring and overlap in a ps-* run): accepted.
+    A graph other than what auto gives, in a run that reads none, is refused as any unused flag is."""
+    data = json.loads(json.dumps(dataclasses.asdict(RunConfig(gossip=GossipConfig.of(world_size=4, mode="ps-sync")))))
+    data["gossip"]["graph"]["topology"], data["gossip"]["sync"]["overlap"] = "ring", True
+    assert RunConfig.from_dict(data).gossip.topology_spec == "ring"
+    data["gossip"]["graph"]["topology"] = "exponential"
+    with pytest.raises(ConfigError, match="--topology applies to the gossip modes"):
+        RunConfig.from_dict(data)

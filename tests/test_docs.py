@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from launch.cli import build_parser
-from launch.flags import PER_PEER_DEFAULTS
+from launch.flags import AUTO_SWITCHES, PER_PEER_DEFAULTS
 from tests.conftest import ROOT
 from tests.test_layout import file_of
 
@@ -269,6 +269,8 @@ def doc_says(text: str, name: str, flag: str, default) -> bool:
         return default == "" and text.startswith("runs/")
     if isinstance(default, bool):
         return text in (("on", "true", flag[2:]) if default else ("off", "false"))
+    if default is None and name in AUTO_SWITCHES:  # an on/off flag whose default the config resolves
+        return text == "auto"
     if default in ((), ""):
         return text in ("none", "off", PER_PEER_DEFAULTS.get(name, "none"))
     if isinstance(default, tuple):  # a list flag: its values as the flag takes them

@@ -120,15 +120,17 @@ def torchrun(nproc: int, *args: str) -> subprocess.Popen:
 @needs_torchrun
 @pytest.mark.timeout(150)
 def test_under_torchrun_attach_finds_its_peers_and_they_average():
-    """No rank, world size or endpoint in the program: three processes under torchrun form one ring (of
-    three: every weight of the mixing matrix is 1/3), and the weights 0, 1 and 2 meet at their mean."""
+    """No rank, world size or endpoint in the program: three processes under torchrun form the default graph,
+    SGP's exponential one of three (each round W = (I + P) / 2, P the shift by 1, then by 2), and the weights
+    0, 1 and 2 meet at their mean: two rounds multiply every deviation from it by (I + P)(I + P^-1) / 4 =
+    (I + 3J) / 4, a quarter, so after 12 rounds the weights are exactly 1 - 2^-12, 1 and 1 + 2^-12."""
     [(code, out, err)] = finish([torchrun(3, str(free_base_port(3)), "12")], timeout=120)
     assert code == 0, err[-3000:]
     reports = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
     assert [r["rank"] for r in reports] == [0, 1, 2], out
     for report in reports:
         assert report["world_size"] == 3 and report["rounds"] == 12, report
-        assert report["weight"] == pytest.approx(1.0, abs=1e-6), report
+        assert report["weight"] == 1.0 + (report["rank"] - 1) * 2.0 ** -12, report
     assert "trains alone" not in err
 
 

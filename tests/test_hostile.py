@@ -22,7 +22,8 @@ def _attacked_run(out, proof_every: int = 0) -> tuple[dict, Counter[str]]:
     round 5 on (with ``proof_every``, a hello in peer 2's name before every that many); the run's summary
     and what was sent."""
     base = free_base_port(NODES)
-    launcher = start_launcher(out, NODES, "--steps", str(STEPS), "--compute-ms", "15", base_port=base)
+    launcher = start_launcher(out, NODES, "--steps", str(STEPS), "--compute-ms", "15", "--topology", "ring",
+                              base_port=base)
     try:
         wait_until(lambda: '"round": 5' in _read(out / "peer-0.jsonl"), 90, "peer 0 to reach round 5")
         layout = victim_layout(world_size=NODES)

@@ -53,8 +53,8 @@ def test_link_emulation_needs_root(monkeypatch):
 def test_a_rate_limited_link_slows_exactly_its_peer_and_leaves_no_namespace(launch_run):
     rate_mbit, rounds, dim = 20.0, 4, 125_000  # one message: 1 MB of float64
     before = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
-    run = launch_run("--task", "consensus", "--dim", str(dim), "--steps", str(rounds), "--link-mbit",
-                     f"0,0,{rate_mbit}", nodes=3)
+    run = launch_run("--task", "consensus", "--dim", str(dim), "--steps", str(rounds), "--topology", "ring",
+                     "--link-mbit", f"0,0,{rate_mbit}", nodes=3)  # (a ring of 3 averages exactly in a round)
     peers = json.loads((run.out / "peers.json").read_text())
     assert [p["endpoint"].split(":")[1] for p in peers] == ["//10.77.0.1", "//10.77.0.2", "//10.77.0.3"]
     ends = [next(e for e in run.events(r) if e["event"] == "end") for r in range(3)]

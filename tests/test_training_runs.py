@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_sync_ring_digits_trains_every_peer(launch_run):
-    run = launch_run("--steps", "200", nodes=4, plot=True)
+    run = launch_run("--steps", "200", "--topology", "ring", nodes=4, plot=True)
     summary = run.summary
     accuracies = [p["test_accuracy"] for p in summary["peers"]]
     assert summary["mean_test_accuracy"] >= 0.90, accuracies
@@ -70,7 +70,7 @@ def test_sync_ring_digits_trains_without_overlap_over_tcp(launch_run):
     """--no-overlap: every peer sends its weights themselves (the 38 KB MLP goes below pyzmq's copy
     threshold, so ZeroMQ copies it) and mixes each round before training on. --no-ipc: over TCP loopback,
     as between hosts."""
-    run = launch_run("--steps", "200", "--no-overlap", "--no-ipc", nodes=4)
+    run = launch_run("--steps", "200", "--topology", "ring", "--no-overlap", "--no-ipc", nodes=4)
     accuracies = [p["test_accuracy"] for p in run.summary["peers"]]
     assert run.summary["mean_test_accuracy"] >= 0.90, accuracies
     assert max(accuracies) - min(accuracies) <= 0.02, accuracies
@@ -110,6 +110,7 @@ def test_the_command_of_the_readme_runs_as_users_start_it(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mode"] == "gossip-sync" and summary["accuracy"] >= 0.92, summary["accuracy"]
+    assert summary["topology"] == "exponential"  # (auto: SGP's graph for the plain lockstep mix)
     assert all(p["steps"] == 300 for p in summary["peers"])
     assert proc.stdout.endswith(f"results                  {out}/ (summary.json, summary.png, peer-<rank>.jsonl, "
                                 "model-*.pt)\n"), proc.stdout[-500:]

@@ -99,7 +99,7 @@ class CompressedGossip(GossipAverager):
         super()._prune_dead()
 
     def _gossip(self) -> None:
-        overlap = self.config.sync.overlap and self.outer is None  # (the outer step needs this round's mix)
+        overlap = self.config.overlaps and self.outer is None  # (the outer step needs this round's mix)
         if overlap:
             self._complete_round()
         self._prune_dead()

@@ -44,7 +44,7 @@ class SentWeights:
         self._snapshot: Delivery | None = None  # the last copied snapshot's send
         self._versions = 0  # the parameters' version counters when the weights went out uncopied
         sync, robust = config.sync, config.robust
-        lazy = (sync.overlap and sync.lazy_snapshot and config.world_size > 1 and flat.device.type == "cpu"
+        lazy = (config.overlaps and sync.lazy_snapshot and config.world_size > 1 and flat.device.type == "cpu"
                 and robust.aggregate == "mean" and sync.deadline == "fixed" and rank not in robust.byzantine)
         self._watch = WriteWatch(flat) if lazy else None
 

@@ -117,7 +117,7 @@ class SyncGossip(GossipAverager):
         return self._round_mailbox(self.flat.layout)
 
     def _gossip(self) -> None:
-        if not self.config.sync.overlap or self.outer is not None:  # (the outer step needs this round's weights)
+        if not self.config.overlaps or self.outer is not None:  # (the outer step needs this round's weights)
             self._gossip_in_place()
             return
         # Copy the next snapshot during the mix if the weights were written since the last mixing point
@@ -211,7 +211,7 @@ class SyncGossip(GossipAverager):
             self.sent.close()
 
     def _finish(self) -> None:
-        if not self.config.sync.overlap and self.adaptive and self.rounds > 0:
+        if not self.config.overlaps and self.adaptive and self.rounds > 0:
             # every round was mixed at its deadline; now wait for the late mass addressed to us (nothing sent)
             self.mass.pushed(self.rounds - 1, None, 1.0)
         self._complete_round(take_snapshot=False, final=True)
@@ -301,7 +301,7 @@ class SyncGossip(GossipAverager):
 
     def statistics(self) -> dict:
         stats = {**super().statistics(), "weight": self.mass.weight}
-        if self.config.sync.overlap:
+        if self.config.overlaps:
             stats["snapshot_copies"] = self.sent.copies
         stats["relocated"] = self.sent.relocated
         if self.adaptive:  # (push-sum mass, mixed whenever it comes)
