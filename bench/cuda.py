@@ -29,7 +29,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 UNTRAINED = math.log(96)
 ROWS = {
-    "gossip-sync": [],
+    "gossip-sync": [],  # (its default: the exponential graph without overlap)
+    "gossip-sync, ring with overlap": ["--topology", "ring"],
     "gossip-sync, int8 (CHOCO)": ["--compress", "int8"],
     "gossip-sync, outer Nesterov every 10": ["--gossip-every", "10", "--outer-optimizer", "nesterov"],
     "gossip-async": ["--mode", "gossip-async"],

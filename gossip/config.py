@@ -202,8 +202,8 @@ class GossipConfig:
         if graph.partners != "any":
             return "random"
         plain = (self.mode == "gossip-sync" and graph.schedule == "steps" and graph.gossip_every == 1
-                 and graph.partners == "any" and sync.deadline == "fixed" and sync.weight_by == "none"
-                 and self.robust.aggregate == "mean" and self.compression.compress == "none")
+                 and sync.deadline == "fixed" and sync.weight_by == "none" and self.robust.aggregate == "mean"
+                 and self.compression.compress == "none")
         return "exponential" if plain else "ring"
 
     @property
