@@ -73,7 +73,7 @@ from gossip.averagers.mass import PushSumMass
 from gossip.averagers.neighbours import GossipAverager
 from gossip.averagers.sent import SentWeights
 from gossip.deadlines import ArrivalDeadlines
-from gossip.net.wire import Header, encode, params_header
+from gossip.net.wire import Header
 
 
 def snapshot_credit(own_weight: float, total: float) -> float:
@@ -199,9 +199,7 @@ class SyncGossip(GossipAverager):
                 continue
             snapshot = self.flat.snapshot()
             for round in rounds:
-                header0 = params_header("params", self.rank, self.flat.layout, self.flat.chunk_bytes,
-                                        round=round, step=self.local_step, weight=0.0)
-                self.transport.post([j], encode(header0, snapshot), latest_only=False,
+                self.transport.post([j], self._snapshot_frames(round, snapshot, 0.0), latest_only=False,
                                     timeout=self.config.timeouts.send_timeout)
 
     def close(self, finish: bool = True) -> None:
