@@ -22,6 +22,7 @@ launcher's event format (``ready``, ``eval``, ``end``), so the same analysis rea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import subprocess
@@ -72,13 +73,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def one_optimizer(ctx, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The run's optimizer as one process steps it: DDP's gradient is already the mean of the N ranks', so
+    AdamW's second moment is its own (no SwarmAdamW, which the gossip peers of the same flags get)."""
+    return dataclasses.replace(ctx.optimizer, peers=1).build(model.parameters())
+
+
 def digits_parts(args: argparse.Namespace, rank: int):
     """(model, loss of the next batch through ``forward``, evaluate, optimizer, a batch for timing)."""
     cfg = args.run
     x_train, y_train, x_test, y_test = load_split()
     mine = torch.from_numpy(shard(y_train.numpy(), rank, args.nodes, args.seed, cfg.partition, cfg.batch_size))
     model = make_model(args.seed, x_train.shape[1], TASKS[args.task])
-    optimizer = context_for(cfg, rank).optimizer.build(model.parameters())
+    optimizer = one_optimizer(context_for(cfg, rank), model)
     stream = batches(x_train[mine], y_train[mine], cfg.batch_size, args.seed * 1000 + rank)
 
     def loss(forward) -> torch.Tensor:
@@ -95,7 +102,7 @@ def charlm_parts(args: argparse.Namespace, rank: int):
     cut = windows(corpus, ctx.context)
     text = torch.from_numpy(corpus.text.copy())
     model = charlm.make_model(ctx)
-    optimizer = ctx.optimizer.build(model.parameters())
+    optimizer = one_optimizer(ctx, model)
     stream = charlm.batches(text, charlm.shard(corpus, cut, ctx), ctx.batch_size, ctx.context + 1,
                             args.seed * 1000 + rank, ctx.device)
     held_out = charlm.gather(text, torch.from_numpy(cut.eval), ctx.context + 1)

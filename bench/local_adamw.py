@@ -4,6 +4,7 @@ against one AdamW on the mean gradient (ps-sync's and DDP's update), in one proc
     python bench/local_adamw.py --workers 4
     python bench/local_adamw.py --workers 8
     python bench/local_adamw.py --workers 8 --graph exponential --no-global [--lr LR] [--tracking]
+    python bench/local_adamw.py --workers 8 --graph exponential --second-moment swarm
 
 N workers (the charlm task's shards for a world of N, its model, batches of 16 sequences, AdamW at the
 recipe's lr 3e-3 or ``--lr``, weight decay 0.1, 5% warm-up and cosine decay to a tenth over ``--steps``) run
@@ -13,7 +14,9 @@ two ways from the same initial model:
   x_j (no staleness, no network): with ``--graph full`` set to their exact mean, so no topology can do
   better; with ``--graph exponential`` on SGP's one-peer exponential graph, round t's W being the one
   ``topologies`` gives gossip-sync's default (the real run without overlap follows the same x <- W x). The
-  AdamW moments stay each worker's own, as in gossip-sync.
+  AdamW moments stay each worker's own, as in gossip-sync. ``--second-moment swarm``: each worker's
+  AdamW is ``SwarmAdamW`` for N peers (``gossip/swarm_adamw.py``), the gossip modes' default; ``own``
+  (the default here): PyTorch's AdamW.
 - ``global``: one AdamW steps with the mean of the N workers' gradients on the same batches: ps-sync
   (``--no-global`` leaves it out).
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import torch
 
@@ -48,12 +52,15 @@ def main() -> None:
     parser.add_argument("--graph", choices=("full", "exponential"), default="full")
     parser.add_argument("--tracking", action="store_true", help="AdamW on a gradient tracker, mixed too")
     parser.add_argument("--no-global", dest="run_global", action="store_false", help="leave out one AdamW")
+    parser.add_argument("--second-moment", choices=("own", "swarm"), default="own",
+                        help="the workers' AdamW: PyTorch's, or SwarmAdamW for N peers")
     args = parser.parse_args()
     torch.set_num_threads(1)
     spec = OptimizerSpec("adamw", args.lr, 0.9, (0.9, 0.999), 0.1)
+    mine = replace(spec, peers=args.workers if args.second_moment == "swarm" else 1)
     schedule = Schedule("cosine", args.steps, args.steps // 20, 0.1)
     topology = build(args.graph, args.workers)
-    local = [make_task(TaskContext(rank, args.workers, 0, batch_size=16, optimizer=spec))
+    local = [make_task(TaskContext(rank, args.workers, 0, batch_size=16, optimizer=mine))
              for rank in range(args.workers)]
     shards = [make_task(TaskContext(rank, args.workers, 0, batch_size=16, optimizer=spec))
               for rank in range(args.workers)]  # the global run's batches: the same shards, in the same order

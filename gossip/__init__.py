@@ -17,9 +17,9 @@ from typing import Any
 _EXPORTS = {
     "attach": "gossip.api", "build_topology": "gossip.config", "Averager": "gossip.averagers",
     "GossipConfig": "gossip.config", "RunConfig": "gossip.config", "Task": "gossip.tasks",
-    "TaskContext": "gossip.tasks", "ConfigError": "gossip.errors", "GossipError": "gossip.errors",
-    "PeerTimeout": "gossip.errors", "PeerUnreachable": "gossip.errors", "ProtocolError": "gossip.errors",
-    "TaskError": "gossip.errors", "TransportError": "gossip.errors",
+    "TaskContext": "gossip.tasks", "SwarmAdamW": "gossip.swarm_adamw", "ConfigError": "gossip.errors",
+    "GossipError": "gossip.errors", "PeerTimeout": "gossip.errors", "PeerUnreachable": "gossip.errors",
+    "ProtocolError": "gossip.errors", "TaskError": "gossip.errors", "TransportError": "gossip.errors",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -69,6 +69,8 @@ def robust_rules(mode: str) -> str:
 OPTIMIZERS = ("sgd", "adamw")  # gossip/optim.py
 LR_SCHEDULES = ("constant", "cosine", "linear")
 OUTER_OPTIMIZERS = ("sgd", "nesterov")  # ps-avg's outer step: gossip/coordinator/averaging.py
+SECOND_MOMENTS = ("auto", "own", "swarm")  # --second-moment: gossip/swarm_adamw.py
+OWN_OPTIMIZER_MODES = ("gossip-sync", "gossip-async", "ps-avg")  # every peer steps its own optimizer
 DEFAULT_NODES = 4
 MAX_SEED = (1 << 32) - 1  # numpy's and torch's generators take any 32-bit seed; runs derive per-peer seeds from it
 MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # --speeds: a peer at speed s sleeps (1/s - 1) times its step's compute time
@@ -198,13 +200,18 @@ class GossipConfig:
         where the other rules were built and measured."""
         if self.graph.topology != "auto":
             return self.graph.topology
-        graph, sync = self.graph, self.sync
-        if graph.partners != "any":
+        if self.graph.partners != "any":
             return "random"
-        plain = (self.mode == "gossip-sync" and graph.schedule == "steps" and graph.gossip_every == 1
-                 and sync.deadline == "fixed" and sync.weight_by == "none" and self.robust.aggregate == "mean"
-                 and self.compression.compress == "none")
-        return "exponential" if plain else "ring"
+        return "exponential" if self.plain_lockstep else "ring"
+
+    @property
+    def plain_lockstep(self) -> bool:
+        """gossip-sync's plain lockstep mix: every step, fixed deadlines, no --weight-by, the plain mean and no
+        --compress."""
+        graph, sync = self.graph, self.sync
+        return (self.mode == "gossip-sync" and graph.schedule == "steps" and graph.gossip_every == 1
+                and sync.deadline == "fixed" and sync.weight_by == "none" and self.robust.aggregate == "mean"
+                and self.compression.compress == "none")
 
     @property
     def overlaps(self) -> bool:
@@ -302,6 +309,13 @@ class CoordinatorConfig:
         if self.missing_worker not in ("fail", "continue"):
             raise ConfigError(f"--missing-worker must be fail or continue, got {self.missing_worker!r}")
 
+    @property
+    def outer_step(self) -> bool:
+        """Is there an outer step other than the plain mean (outer SGD at lr 1 without momentum)?"""
+        lr = 1.0 if self.outer_lr == "auto" else self.outer_lr
+        momentum = 0.0 if self.outer_momentum == "auto" else self.outer_momentum
+        return not (self.outer_optimizer == "sgd" and lr == 1.0 and momentum == 0.0)
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -321,6 +335,9 @@ class RunConfig:
     lr: float | str = "auto"
     momentum: float = 0.9  # SGD's
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's
+    # AdamW's second moment where peers step their own and average: own, or swarm (the mean gradient's);
+    # auto: swarm on gossip-sync's exponential lockstep mix, own elsewhere (swarm_peers; gossip/swarm_adamw.py)
+    second_moment: str = "auto"
     weight_decay: float | str = "auto"
     lr_schedule: str = "auto"
     warmup_steps: int | str = "auto"
@@ -443,6 +460,20 @@ class RunConfig:
         """Mixing rounds every peer does: ``rounds`` under schedule "time", else steps // gossip_every."""
         return self.rounds if self.gossip.graph.schedule == "time" else self.steps // self.gossip.graph.gossip_every
 
+    @property
+    def swarm_peers(self) -> int:
+        """For how many peers' gradients each peer's AdamW sets its second moment (``gossip/swarm_adamw.py``):
+        N with ``--second-moment swarm`` where each peer steps its own AdamW and the models are averaged
+        (``OWN_OPTIMIZER_MODES``); at auto, N only where it was measured to pay: gossip-sync's plain lockstep
+        mix on SGP's exponential graph without overlap and with no outer step (on the ring, in gossip-async
+        and in ps-avg it made the language model worse: docs/architecture.md, 3.11); else 1, AdamW's own."""
+        if self.optimizer != "adamw" or self.gossip.mode not in OWN_OPTIMIZER_MODES or self.second_moment == "own":
+            return 1
+        gossip = self.gossip
+        measured = (gossip.plain_lockstep and gossip.topology_spec == "exponential" and not gossip.overlaps
+                    and not self.coordinator.outer_step)
+        return self.nodes if self.second_moment == "swarm" or measured else 1
+
     def speed(self, rank: int) -> float:
         return self.speeds[rank] if self.speeds else 1.0
 
@@ -561,6 +592,7 @@ def _check_training(cfg: RunConfig) -> None:
     if not (is_real(cfg.weight_decay) and cfg.weight_decay >= 0):
         raise ConfigError(f"--weight-decay must be a number >= 0, got {cfg.weight_decay!r}")
     check_choice(cfg, "lr_schedule", LR_SCHEDULES)
+    check_choice(cfg, "second_moment", SECOND_MOMENTS)
     check_int(cfg, "warmup_steps", minimum=0)
     if not (is_real(cfg.min_lr) and 0 <= cfg.min_lr <= cfg.lr):
         raise ConfigError(f"--min-lr must be in 0..--lr ({cfg.lr:g}), got {cfg.min_lr!r}")
@@ -632,6 +664,9 @@ _SSP = Need("mode", lambda v: v == "ps-ssp", "--mode ps-ssp", "choose --mode ps-
 _DCASGD = Need("mode", lambda v: v == "ps-dcasgd", "--mode ps-dcasgd", "choose --mode ps-dcasgd")
 _DC_ADAPTIVE = Need("dc_adaptive", bool, "--dc-adaptive", "add --dc-adaptive")
 _TRAINS = Need("task", lambda v: v != "consensus", "a task that trains", "choose one (consensus only mixes)")
+_OWN_STEPS = Need("mode", lambda v: v in OWN_OPTIMIZER_MODES, "--mode gossip-sync, gossip-async or ps-avg",
+                  "choose one of them")
+_ADAMW = Need("optimizer", lambda v: v == "adamw", "--optimizer adamw", "add --optimizer adamw")
 _DECAYS = Need("lr_schedule", lambda v: v in ("cosine", "linear"), "--lr-schedule cosine or linear",
                "add --lr-schedule cosine or linear")
 # a user's own task gets every field of its TaskContext, and may read any of them
@@ -658,6 +693,7 @@ USED_ONLY_IN: dict[str, tuple[Need, ...]] = {
     "dc_momentum": (_DCASGD, _DC_ADAPTIVE), "dc_epsilon": (_DCASGD, _DC_ADAPTIVE),
     "missing_worker": (_PS,), "server_retries": (_PS,),
     "optimizer": (_TRAINS,), "lr": (_TRAINS,), "momentum": (_TRAINS,), "betas": (_TRAINS,),
+    "second_moment": (_TRAINS, _OWN_STEPS, _ADAMW),
     "weight_decay": (_TRAINS,), "lr_schedule": (_TRAINS,), "warmup_steps": (_TRAINS,), "batch_size": (_TRAINS,),
     "min_lr": (_TRAINS, _DECAYS),
     "data": (_CHARLM,), "context": (_CHARLM,), "layers": (_CHARLM,), "model_dim": (_CHARLM,), "heads": (_CHARLM,),

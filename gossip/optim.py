@@ -2,7 +2,9 @@
 
 ``OptimizerSpec.build`` makes a ``torch.optim`` optimizer: SGD with momentum, or AdamW (Loshchilov & Hutter,
 2019) whose decoupled weight decay applies to matrices only (weights of linear layers and embeddings), not
-to biases and normalisation gains, as GPT-2 and nanoGPT train. ``Schedule`` is the learning rate as a closed
+to biases and normalisation gains, as GPT-2 and nanoGPT train; with ``peers`` > 1 (a peer of N whose AdamW
+steps are averaged: ``--second-moment``), ``SwarmAdamW`` (``gossip/swarm_adamw.py``), normalised for the
+mean of the N peers' gradients. ``Schedule`` is the learning rate as a closed
 form of the step (or, on a parameter server, of the version), so that nothing but the step counter, which
 checkpoints hold, is needed to resume it:
 
@@ -25,6 +27,7 @@ import torch
 
 from gossip.config import RunConfig
 from gossip.errors import ConfigError
+from gossip.swarm_adamw import SwarmAdamW
 
 BASE_LR = "base_lr"  # the key in each param group that holds the lr the schedule scales (saved with its state)
 
@@ -36,6 +39,7 @@ class OptimizerSpec:
     momentum: float = 0.9  # SGD
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW
     weight_decay: float = 0.0
+    peers: int = 1  # AdamW: > 1, the second moment of the mean of this many peers' gradients (swarm_adamw.py)
 
     def build(self, parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         params = [p for p in parameters if p.requires_grad]
@@ -44,6 +48,8 @@ class OptimizerSpec:
         groups = [g for g in groups if g["params"]]
         if self.name in ("sgd", "nesterov"):  # nesterov: ps-avg's outer step (gossip/coordinator/averaging.py)
             return torch.optim.SGD(groups, lr=self.lr, momentum=self.momentum, nesterov=self.name == "nesterov")
+        if self.name == "adamw" and self.peers > 1:
+            return SwarmAdamW(groups, lr=self.lr, betas=self.betas, peers=self.peers)
         if self.name == "adamw":
             return torch.optim.AdamW(groups, lr=self.lr, betas=self.betas)
         raise ConfigError(f"unknown optimizer {self.name!r}; choose sgd or adamw")

@@ -78,6 +78,12 @@ TABLE: list[Flag] = [
     Flag("--momentum", "momentum", TRAINING, "SGD momentum of each peer's optimizer (ps-sync: the server's; see "
                                              "--server-momentum)"),
     Flag("--betas", "betas", TRAINING, "AdamW's beta1,beta2 (beta1 is its momentum; see --server-momentum)"),
+    Flag("--second-moment", "second_moment", TRAINING, "AdamW's second moment where each peer steps its own "
+                                                       "(gossip-sync, gossip-async, ps-avg): swarm (estimated for the "
+                                                       "mean of the N peers' gradients, as ps-sync's AdamW sees them) "
+                                                       "or own (PyTorch's AdamW); auto: swarm on gossip-sync's "
+                                                       "exponential lockstep mix, where it was measured to pay; own "
+                                                       "elsewhere"),
     Flag("--batch-size", "batch_size", TRAINING, "samples per local step (auto: digits 32, charlm 16 sequences)"),
 
     Flag("--partition", "partition", DATA, "which samples each peer trains on: iid (a seeded round-robin deal), "

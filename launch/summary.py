@@ -399,7 +399,8 @@ def training(cfg: RunConfig) -> dict[str, Any]:
     """Each peer's optimizer and schedule, as resolved from the flags and the task's recipe."""
     return {"name": cfg.optimizer, "lr": cfg.lr, "schedule": cfg.lr_schedule, "warmup_steps": cfg.warmup_steps,
             "min_lr": cfg.min_lr, "weight_decay": cfg.weight_decay, "batch_size": cfg.batch_size,
-            **({"betas": list(cfg.betas)} if cfg.optimizer == "adamw" else {"momentum": cfg.momentum})}
+            **({"betas": list(cfg.betas), "second_moment_of": cfg.swarm_peers} if cfg.optimizer == "adamw"
+               else {"momentum": cfg.momentum})}
 
 
 def remedy(cfg: RunConfig, server: dict[str, Any] | None) -> str:

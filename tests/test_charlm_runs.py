@@ -33,6 +33,7 @@ def test_charlm_trains_two_peers_on_their_own_files(launch_run):
     assert sum(s["samples"] for s in shards) == summary["data"]["train_windows"]
     assert sum(s["files"] for s in shards) <= summary["data"]["files"] and min(s["files"] for s in shards) >= 1
     assert summary["partition"] == "by-file" and summary["optimizer"]["name"] == "adamw"
+    assert summary["optimizer"]["second_moment_of"] == 2  # each peer's AdamW normalises for the mean of 2
     # each peer scheduled its own lr by its step: warm-up of 3 steps (5% of 60), cosine to a tenth
     schedule = Schedule("cosine", 60, 3, 0.1)
     for rank in range(2):

@@ -70,7 +70,7 @@ class TaskContext:
 
 def context_for(cfg: RunConfig, rank: int, device: torch.device = torch.device("cpu")) -> TaskContext:
     """The context of peer ``rank`` of the run ``cfg`` (the server and the summary build rank 0's)."""
-    spec = OptimizerSpec(cfg.optimizer, cfg.lr, cfg.momentum, cfg.betas, cfg.weight_decay)
+    spec = OptimizerSpec(cfg.optimizer, cfg.lr, cfg.momentum, cfg.betas, cfg.weight_decay, cfg.swarm_peers)
     return TaskContext(rank, cfg.nodes, cfg.gossip.seed, cfg.lr, cfg.momentum, cfg.batch_size, cfg.dim, device,
                        spec, cfg.partition, cfg.data, cfg.context, cfg.layers, cfg.model_dim, cfg.heads)
 
