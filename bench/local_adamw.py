@@ -5,6 +5,7 @@ against one AdamW on the mean gradient (ps-sync's and DDP's update), in one proc
     python bench/local_adamw.py --workers 8
     python bench/local_adamw.py --workers 8 --graph exponential --no-global [--lr LR] [--tracking]
     python bench/local_adamw.py --workers 8 --graph exponential --second-moment swarm
+    python bench/local_adamw.py --workers 4 --graph ring --second-moment oracle --no-global
 
 N workers (the charlm task's shards for a world of N, its model, batches of 16 sequences, AdamW at the
 recipe's lr 3e-3 or ``--lr``, weight decay 0.1, 5% warm-up and cosine decay to a tenth over ``--steps``) run
@@ -15,8 +16,10 @@ two ways from the same initial model:
   better; with ``--graph exponential`` on SGP's one-peer exponential graph, round t's W being the one
   ``topologies`` gives gossip-sync's default (the real run without overlap follows the same x <- W x). The
   AdamW moments stay each worker's own, as in gossip-sync. ``--second-moment swarm``: each worker's
-  AdamW is ``SwarmAdamW`` for N peers (``gossip/swarm_adamw.py``), the gossip modes' default; ``own``
-  (the default here): PyTorch's AdamW.
+  AdamW is ``SwarmAdamW`` for N peers (``gossip/swarm_adamw.py``), gossip-sync's default on the
+  exponential graph; ``oracle``: divided instead by the second moment of the workers' exact mean gradient,
+  what SwarmAdamW estimates; ``own`` (the default here): PyTorch's AdamW. ``--graph ring``: the ring's
+  Metropolis-Hastings W.
 - ``global``: one AdamW steps with the mean of the N workers' gradients on the same batches: ps-sync
   (``--no-global`` leaves it out).
 
@@ -49,15 +52,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--graph", choices=("full", "exponential"), default="full")
+    parser.add_argument("--graph", choices=("full", "exponential", "ring"), default="full")
     parser.add_argument("--tracking", action="store_true", help="AdamW on a gradient tracker, mixed too")
     parser.add_argument("--no-global", dest="run_global", action="store_false", help="leave out one AdamW")
-    parser.add_argument("--second-moment", choices=("own", "swarm"), default="own",
-                        help="the workers' AdamW: PyTorch's, or SwarmAdamW for N peers")
+    parser.add_argument("--second-moment", choices=("own", "swarm", "oracle"), default="own",
+                        help="the workers' AdamW: PyTorch's, SwarmAdamW for N peers, or divided by the second "
+                             "moment of the workers' exact mean gradient")
     args = parser.parse_args()
     torch.set_num_threads(1)
     spec = OptimizerSpec("adamw", args.lr, 0.9, (0.9, 0.999), 0.1)
     mine = replace(spec, peers=args.workers if args.second_moment == "swarm" else 1)
+    oracle = OracleSecondMoment() if args.second_moment == "oracle" else None
     schedule = Schedule("cosine", args.steps, args.steps // 20, 0.1)
     topology = build(args.graph, args.workers)
     local = [make_task(TaskContext(rank, args.workers, 0, batch_size=16, optimizer=mine))
@@ -78,7 +83,10 @@ def main() -> None:
             worker.compute_gradients()
             if args.tracking:
                 track_(mine, tracker, before)
-            worker.optimizer.step()
+            if oracle is None:
+                worker.optimizer.step()
+        if oracle is not None:
+            oracle.step_(local, step)
         mixing = torch.tensor(topology.mixing_matrix(step - 1))
         mix_(weights, mixing)
         if args.tracking:
@@ -90,6 +98,36 @@ def main() -> None:
             other = f", global {server.evaluate()['loss']:.4f}" if args.run_global else ""
             print(f"step {step}: local {mean.evaluate()['loss']:.4f}{other} ({time.time() - began:.0f} s)",
                   flush=True)
+
+
+class OracleSecondMoment:
+    """Each worker's AdamW (its own first moment, decoupled weight decay on its groups, its scheduled lr)
+    divided by the root of the second moment of the workers' exact mean gradient: what SwarmAdamW estimates,
+    known here because one process holds every worker's gradient."""
+
+    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        self.betas, self.eps = betas, eps
+        self.first: dict[int, torch.Tensor] = {}
+        self.second: list[torch.Tensor] = []
+
+    def step_(self, workers, t: int) -> None:
+        beta1, beta2 = self.betas
+        copies = [list(w.model.parameters()) for w in workers]
+        with torch.no_grad():
+            means = [torch.stack([c[k].grad for c in copies]).mean(dim=0) for k in range(len(copies[0]))]
+            if not self.second:
+                self.second = [torch.zeros_like(m) for m in means]
+            for v, mean in zip(self.second, means):
+                v.mul_(beta2).addcmul_(mean, mean, value=1 - beta2)
+            index = {id(p): k for c in copies for k, p in enumerate(c)}
+            for worker in workers:
+                for group in worker.optimizer.param_groups:
+                    for p in group["params"]:
+                        m = self.first.setdefault(id(p), torch.zeros_like(p))
+                        p.mul_(1 - group["lr"] * group["weight_decay"])
+                        m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                        denom = (self.second[index[id(p)]] / (1 - beta2 ** t)).sqrt_().add_(self.eps)
+                        p.addcdiv_(m, denom, value=-group["lr"] / (1 - beta1 ** t))
 
 
 def track_(weights: list[torch.Tensor], tracker: list[torch.Tensor], previous: list[torch.Tensor]) -> None:
