@@ -4,6 +4,7 @@ example trains under torchrun."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -11,8 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from gossip.optim import Schedule
+from gossip.config import RunConfig
+from gossip.optim import Schedule, run_schedule
+from gossip.tasks import build_task, context_for
 from gossip.tasks.corpus import read_corpus
 from tests.conftest import ROOT, free_base_port
 
@@ -39,6 +43,46 @@ def test_charlm_trains_two_peers_on_their_own_files(launch_run):
     for rank in range(2):
         steps = [e for e in run.events(rank) if e["event"] == "step"]
         assert [e["lr"] for e in steps] == pytest.approx([3e-3 * schedule.factor(e["step"]) for e in steps], rel=1e-12)
+
+
+def test_gossip_syncs_default_mix_steps_swarm_adamw_and_averages_after_every_step(launch_run):
+    """Two peers on the exponential graph without overlap (for two, the exact mean every round), at the
+    defaults: the run's model is that of two SwarmAdamW workers computed here, each on its own shard and
+    schedule, set to their mean after every step; PyTorch's AdamW in their place ends elsewhere."""
+    steps = 12
+    run = launch_run("--task", "charlm", "--steps", str(steps), "--eval-every", "0", nodes=2)
+    cfg = RunConfig.from_dict(json.loads((run.out / "config.json").read_text()))
+    assert run.summary["topology"] == "exponential" and run.summary["optimizer"]["second_moment_of"] == 2
+    final = torch.load(run.out / "model-final.pt", weights_only=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (as each peer computes)
+    try:
+        swarm = two_workers_averaged(cfg, steps)
+        own = two_workers_averaged(cfg, steps, peers=1)
+    finally:
+        torch.set_num_threads(threads)
+    for name, weights in final.items():
+        torch.testing.assert_close(weights, swarm[name], rtol=0, atol=1e-6)
+    assert max((final[n] - own[n]).abs().max().item() for n in final) > 1e-4
+
+
+def two_workers_averaged(cfg: RunConfig, steps: int, peers: int = 2) -> dict[str, torch.Tensor]:
+    schedule = run_schedule(cfg)
+    tasks = []
+    for rank in range(2):
+        context = context_for(cfg, rank)
+        tasks.append(build_task(cfg.task, dataclasses.replace(
+            context, optimizer=dataclasses.replace(context.optimizer, peers=peers))))
+    for step in range(1, steps + 1):
+        for task in tasks:
+            schedule.apply(task.optimizer, step)
+            task.train_step()
+        with torch.no_grad():
+            for a, b in zip(tasks[0].model.parameters(), tasks[1].model.parameters()):
+                mean = 0.5 * a + 0.5 * b
+                a.copy_(mean)
+                b.copy_(mean)
+    return {name: t.detach().clone() for name, t in tasks[0].model.state_dict().items()}
 
 
 @pytest.mark.parametrize("mode, flags, k", [
