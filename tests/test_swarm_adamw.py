@@ -136,7 +136,8 @@ def test_the_spec_builds_it_for_more_than_one_peer_with_the_same_groups():
 
 def _peers(mode: str = "gossip-sync", nodes: int = 4, coordinator: CoordinatorConfig | None = None,
            second_moment: str = "auto", task: str = "charlm", **gossip) -> int:
-    return RunConfig(nodes=nodes, task=task, second_moment=second_moment, coordinator=coordinator or CoordinatorConfig(),
+    return RunConfig(nodes=nodes, task=task, second_moment=second_moment,
+                     coordinator=coordinator or CoordinatorConfig(),
                      gossip=GossipConfig.of(world_size=nodes, mode=mode, **gossip)).swarm_peers
 
 
