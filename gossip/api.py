@@ -55,12 +55,7 @@ def attach(model: nn.Module, config: GossipConfig | None = None, coordinator: Co
 def gossip_outer(coordinator: CoordinatorConfig | None) -> tuple[str, float, float] | None:
     """The outer step a gossip peer ends each mix with (decentralized DiLoCo), from the same settings as
     ps-avg's server (``--outer-optimizer``, ``--outer-lr``, ``--outer-momentum``); None: plain gossip."""
-    if coordinator is None:
-        return None
-    from gossip.coordinator.modes import outer_optimizer
-
-    outer = outer_optimizer(coordinator)
-    return None if outer.averages_only else (outer.name, outer.lr, outer.momentum)
+    return coordinator.outer if coordinator is not None and coordinator.outer_step else None
 
 
 def open_averager(flat: FlatParams, config: GossipConfig, coordinator: CoordinatorConfig | None = None,

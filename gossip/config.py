@@ -69,6 +69,7 @@ def robust_rules(mode: str) -> str:
 OPTIMIZERS = ("sgd", "adamw")  # gossip/optim.py
 LR_SCHEDULES = ("constant", "cosine", "linear")
 OUTER_OPTIMIZERS = ("sgd", "nesterov")  # ps-avg's outer step: gossip/coordinator/averaging.py
+OUTER_DEFAULTS = {"sgd": (1.0, 0.0), "nesterov": (0.7, 0.9)}  # (lr, momentum): plain averaging; OpenDiLoCo's
 SECOND_MOMENTS = ("auto", "own", "swarm")  # --second-moment: gossip/swarm_adamw.py
 OWN_OPTIMIZER_MODES = ("gossip-sync", "gossip-async", "ps-avg")  # every peer steps its own optimizer
 DEFAULT_NODES = 4
@@ -310,11 +311,16 @@ class CoordinatorConfig:
             raise ConfigError(f"--missing-worker must be fail or continue, got {self.missing_worker!r}")
 
     @property
+    def outer(self) -> tuple[str, float, float]:
+        """The outer step as (optimizer, lr, momentum), "auto" resolved by ``OUTER_DEFAULTS``."""
+        lr, momentum = OUTER_DEFAULTS[self.outer_optimizer]
+        return (self.outer_optimizer, lr if self.outer_lr == "auto" else self.outer_lr,
+                momentum if self.outer_momentum == "auto" else self.outer_momentum)
+
+    @property
     def outer_step(self) -> bool:
         """Is there an outer step other than the plain mean (outer SGD at lr 1 without momentum)?"""
-        lr = 1.0 if self.outer_lr == "auto" else self.outer_lr
-        momentum = 0.0 if self.outer_momentum == "auto" else self.outer_momentum
-        return not (self.outer_optimizer == "sgd" and lr == 1.0 and momentum == 0.0)
+        return self.outer != ("sgd", 1.0, 0.0)
 
 
 @dataclass(frozen=True)

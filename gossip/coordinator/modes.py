@@ -28,7 +28,7 @@ are given. ps-avg's workers step their own optimizers; its server's is the outer
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -58,11 +58,6 @@ class ServerOptimizer:
     def build(self, parameters) -> torch.optim.Optimizer:
         return OptimizerSpec(self.name, self.lr, self.momentum, (self.momentum, self.beta2),
                              self.weight_decay).build(parameters)
-
-    @property
-    def averages_only(self) -> bool:
-        """Outer SGD with lr 1 and no momentum: ps-avg's server sets the weights to the workers' mean."""
-        return self.name == "sgd" and self.lr == 1.0 and self.momentum == 0.0
 
     def describe(self) -> dict:
         """What the server's ``ready`` event and the summary show."""
@@ -99,18 +94,13 @@ def server_optimizer(mode: str, spec: OptimizerSpec, workers: int, settings: Coo
     return ServerOptimizer(spec.name, step, mu, rule, by_version, spec.betas[1], spec.weight_decay)
 
 
-OUTER_DEFAULTS = {"sgd": (1.0, 0.0), "nesterov": (0.7, 0.9)}  # (lr, momentum): plain averaging; OpenDiLoCo's
-
-
 def outer_optimizer(settings: CoordinatorConfig) -> ServerOptimizer:
     """ps-avg's outer optimizer (``averaging.py``) from ``--outer-optimizer``, ``--outer-lr`` and
-    ``--outer-momentum`` ("auto": ``OUTER_DEFAULTS``); constant lr, no weight decay."""
-    name = settings.outer_optimizer
-    lr, momentum = OUTER_DEFAULTS[name]
-    lr = lr if settings.outer_lr == "auto" else settings.outer_lr
-    momentum = momentum if settings.outer_momentum == "auto" else settings.outer_momentum
-    outer = ServerOptimizer(name, lr, momentum, "an outer step on the workers' mean change (DiLoCo)")
-    return replace(outer, rule="plain average of the workers' weights") if outer.averages_only else outer
+    ``--outer-momentum`` (``CoordinatorConfig.outer``: "auto" is ``OUTER_DEFAULTS``); constant lr, no weight
+    decay. Outer SGD at lr 1 without momentum (no ``outer_step``) sets the weights to the workers' mean."""
+    rule = "an outer step on the workers' mean change (DiLoCo)" if settings.outer_step else \
+        "plain average of the workers' weights"
+    return ServerOptimizer(*settings.outer, rule)
 
 
 def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimizer: torch.optim.Optimizer,
@@ -125,8 +115,7 @@ def build_core(mode: str, settings: CoordinatorConfig, flat: FlatParams, optimiz
     if mode == "ps-sync":
         return ServerCore(workers, GradientStep(flat, optimizer, schedule=schedule, **robust), batch_size=workers)
     if mode == "ps-avg":
-        update = ParameterAverage(flat, **robust) if outer_optimizer(settings).averages_only else \
-            OuterStep(flat, optimizer, **robust)
+        update = OuterStep(flat, optimizer, **robust) if settings.outer_step else ParameterAverage(flat, **robust)
         return ServerCore(workers, update, batch_size=workers)
     compensation = None
     if mode == "ps-dcasgd":
