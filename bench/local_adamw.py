@@ -4,7 +4,7 @@ against one AdamW on the mean gradient (ps-sync's and DDP's update), in one proc
     python bench/local_adamw.py --workers 4
     python bench/local_adamw.py --workers 8
     python bench/local_adamw.py --workers 8 --graph exponential --no-global [--lr LR] [--tracking]
-    python bench/local_adamw.py --workers 8 --graph exponential --second-moment swarm
+    python bench/local_adamw.py --workers 8 --graph exponential --second-moment swarm [--seed S]
     python bench/local_adamw.py --workers 4 --graph ring --second-moment oracle --no-global
 
 N workers (the charlm task's shards for a world of N, its model, batches of 16 sequences, AdamW at the
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0, help="the launcher's --seed: the initial model and batches")
     parser.add_argument("--graph", choices=("full", "exponential", "ring"), default="full")
     parser.add_argument("--tracking", action="store_true", help="AdamW on a gradient tracker, mixed too")
     parser.add_argument("--no-global", dest="run_global", action="store_false", help="leave out one AdamW")
@@ -65,12 +66,12 @@ def main() -> None:
     oracle = OracleSecondMoment() if args.second_moment == "oracle" else None
     schedule = Schedule("cosine", args.steps, args.steps // 20, 0.1)
     topology = build(args.graph, args.workers)
-    local = [make_task(TaskContext(rank, args.workers, 0, batch_size=16, optimizer=mine))
+    local = [make_task(TaskContext(rank, args.workers, args.seed, batch_size=16, optimizer=mine))
              for rank in range(args.workers)]
-    shards = [make_task(TaskContext(rank, args.workers, 0, batch_size=16, optimizer=spec))
+    shards = [make_task(TaskContext(rank, args.workers, args.seed, batch_size=16, optimizer=spec))
               for rank in range(args.workers)]  # the global run's batches: the same shards, in the same order
-    server = make_task(TaskContext(0, args.workers, 0, batch_size=16, optimizer=spec))
-    mean = make_task(TaskContext(0, args.workers, 0, batch_size=16, optimizer=spec))
+    server = make_task(TaskContext(0, args.workers, args.seed, batch_size=16, optimizer=spec))
+    mean = make_task(TaskContext(0, args.workers, args.seed, batch_size=16, optimizer=spec))
     for task in local + shards + [mean]:  # one initial model, as the launcher's peers start from
         assert all(torch.equal(a, b) for a, b in zip(task.model.parameters(), server.model.parameters()))
     weights = [list(w.model.parameters()) for w in local]
