@@ -472,8 +472,8 @@ class RunConfig:
         N with ``--second-moment swarm`` where each peer steps its own AdamW and the models are averaged
         (``OWN_OPTIMIZER_MODES``); at auto, N only where it was measured to pay, and only under the plain mean
         (no outer step): gossip-sync's lockstep mix on SGP's exponential graph without overlap, and ps-avg's
-        plain average of the workers' weights (on the ring and in gossip-async it made the language model worse: docs/architecture.md, 3.11); else
-        1, AdamW's own."""
+        plain average of the workers' weights (on the ring and in gossip-async it made the language model
+        worse: docs/architecture.md, 3.11); else 1, AdamW's own."""
         if self.optimizer != "adamw" or self.gossip.mode not in OWN_OPTIMIZER_MODES or self.second_moment == "own":
             return 1
         gossip = self.gossip
