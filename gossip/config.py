@@ -470,17 +470,15 @@ class RunConfig:
     def swarm_peers(self) -> int:
         """For how many peers' gradients each peer's AdamW sets its second moment (``gossip/swarm_adamw.py``):
         N with ``--second-moment swarm`` where each peer steps its own AdamW and the models are averaged
-        (``OWN_OPTIMIZER_MODES``); at auto, N only where it was measured to pay, and only under the plain mean
-        (no outer step): gossip-sync's lockstep mix on SGP's exponential graph without overlap, and ps-avg's
-        plain average of the workers' weights (on the ring and in gossip-async it made the language model
-        worse: docs/architecture.md, 3.11); else 1, AdamW's own."""
+        (``OWN_OPTIMIZER_MODES``); at auto, N only where it was measured to pay: gossip-sync's plain lockstep
+        mix on SGP's exponential graph without overlap and with no outer step (on the ring and in gossip-async
+        it made the language model worse, in ps-avg better at one seed and worse at another:
+        docs/architecture.md, 3.11); else 1, AdamW's own."""
         if self.optimizer != "adamw" or self.gossip.mode not in OWN_OPTIMIZER_MODES or self.second_moment == "own":
             return 1
         gossip = self.gossip
-        exponential_lockstep = gossip.plain_lockstep and gossip.topology_spec == "exponential" and not gossip.overlaps
-        plain_average = (gossip.mode == "ps-avg" and gossip.robust.aggregate == "mean"
-                         and gossip.compression.compress == "none")
-        measured = (exponential_lockstep or plain_average) and not self.coordinator.outer_step
+        measured = (gossip.plain_lockstep and gossip.topology_spec == "exponential" and not gossip.overlaps
+                    and not self.coordinator.outer_step)
         return self.nodes if self.second_moment == "swarm" or measured else 1
 
     def speed(self, rank: int) -> float:

@@ -82,8 +82,8 @@ TABLE: list[Flag] = [
                                                        "(gossip-sync, gossip-async, ps-avg): swarm (estimated for the "
                                                        "mean of the N peers' gradients, as ps-sync's AdamW sees them) "
                                                        "or own (PyTorch's AdamW); auto: swarm on gossip-sync's "
-                                                       "exponential lockstep mix and ps-avg's plain average, where it "
-                                                       "was measured to pay; own elsewhere"),
+                                                       "exponential lockstep mix, where it was measured to pay; own "
+                                                       "elsewhere"),
     Flag("--batch-size", "batch_size", TRAINING, "samples per local step (auto: digits 32, charlm 16 sequences)"),
 
     Flag("--partition", "partition", DATA, "which samples each peer trains on: iid (a seeded round-robin deal), "

@@ -169,16 +169,12 @@ def _peers(mode: str = "gossip-sync", nodes: int = 4, coordinator: CoordinatorCo
                      gossip=GossipConfig.of(world_size=nodes, mode=mode, **gossip)).swarm_peers
 
 
-def test_auto_gives_the_swarms_second_moment_to_gossip_syncs_exponential_lockstep_mix_and_ps_avg_only():
-    """Where it was measured to pay, under the plain mean; on the ring and in gossip-async it made the model
-    worse."""
+def test_auto_gives_the_swarms_second_moment_to_gossip_syncs_exponential_lockstep_mix_only():
+    """Where it was measured to pay; on the ring and in gossip-async it made the model worse, in ps-avg better
+    at one seed and worse at another."""
     assert _peers() == _peers(topology="exponential", overlap=False) == 4
     assert RunConfig(nodes=4, task="charlm", gossip=GossipConfig.of(world_size=4)).gossip.topology_spec == "exponential"
-    assert _peers("ps-avg") == _peers("ps-avg", coordinator=CoordinatorConfig(local_steps=50)) == 4
-    for gossip in ({"compress": "int8"}, {"aggregate": "median"}):
-        assert _peers("ps-avg", **gossip) == 1, gossip
-    assert _peers("ps-avg", coordinator=CoordinatorConfig(outer_optimizer="nesterov")) == 1
-    for mode in ("gossip-async", "ps-sync", "ps-async", "ps-ssp", "ps-dcasgd"):
+    for mode in ("gossip-async", "ps-avg", "ps-sync", "ps-async", "ps-ssp", "ps-dcasgd"):
         assert _peers(mode) == 1, mode
     for gossip in ({"topology": "ring"}, {"overlap": True}, {"topology": "exponential", "overlap": True},
                    {"topology": "full"}, {"gossip_every": 2}, {"deadline": "adaptive"}, {"compress": "int8"},
