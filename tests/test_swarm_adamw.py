@@ -58,7 +58,7 @@ def _bounded(mu: float, sigma: float, peers: int, beta2: float, products: int) -
 def test_the_second_moment_is_the_mean_gradients_not_the_own_batchs(peers):
     """Gradients mu + sigma z, z iid: AdamW's v estimates mu^2 + sigma^2; SwarmAdamW's the second moment of
     the mean of N such gradients, mu^2 + sigma^2 / N, but for the bound on its estimate's error, which falls
-    as the products accumulate (2 / sqrt(k): 0.14 here, 0.007 at k = 10^5)."""
+    as the products accumulate (2 / sqrt(k), 0.14 here)."""
     torch.manual_seed(1)
     mu, sigma, size = 1.0, 2.0, 4000
     weights = torch.nn.Parameter(torch.zeros(size))
