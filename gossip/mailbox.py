@@ -96,16 +96,20 @@ class Mailbox:
             again = self._admit(message, connection)
             if kind == "welcome":  # we restarted, and ``sender`` takes us back in its round
                 self.rejoin.welcome(header)
-            else:
+            elif kind != "up":
                 self._file(message)
             # only what was filed counts: a rejected message neither greets nor reports a pace
             self.liveness.took(sender, connection, message if kind == "hello" else None, again)
-            if not again and kind not in ("hello", "bye", "bye-ack", "welcome"):
+            if not again and kind not in ("hello", "bye", "bye-ack", "welcome", "up"):
                 self.reported[sender] = header
                 if self.rejoin is not None:
                     self.rejoin.filed(message)
-            if self.progress is not None and header.progress:  # (a bye's too: the end spreads with it)
-                self.progress.merge(header.progress)
+            if self.progress is not None:  # gossip-async: who has started, and how far
+                if kind == "up":
+                    self.progress.note_started(peer for peer, flag in enumerate(header.progress) if flag)
+                elif header.progress:  # (a bye's too: the end spreads with it)
+                    self.progress.merge(header.progress)
+                self.progress.note_started((sender,))
             self._heard.add(sender)
             if self.stops is not None:
                 self.stops.spoke(sender)

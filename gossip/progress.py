@@ -14,6 +14,14 @@ alike and without a shared clock:
   other, the slow ones a little before the budget is spent and the fast ones as it is: a fast peer does more
   than ``--steps`` steps and a slow one fewer, but none trains on alone after the others stopped (it would
   learn of their end only at its next mixing point, one of its long steps too late).
+- **The start.** Since the budget is shared, a peer that started early would spend the shares of those
+  still starting (on a loaded machine, 6 digits peers of 1,000 steps each: one did 4,300 and another none,
+  ending with its initial model). So no peer takes its first step before it knows every peer is up
+  (``started``). Its neighbours' hellos tell it of them; it then sends them "up" with the peers it knows
+  of, again each time that set grows, and any message's sender is up, as is every peer with a step in a
+  header's vector. The news crosses the graph in about its diameter of hops; the wait is bounded by
+  ``--startup-timeout`` like the hellos'. This is the one wait of the mode, before it begins: once
+  training, no peer waits for another. A false flag in an "up" can only start a peer early.
 - **The rate.** ``rate_factor(seconds, steps)`` is how much progress of ``steps`` own steps made over
   ``seconds`` counts: seconds x R / steps, with R the swarm's mean steps per second per peer over the last
   ``window`` mixing points (on our own clock, so no common clock is needed; a peer first heard of during
@@ -34,7 +42,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 RATE_WINDOW = 128  # mixing points the swarm's mean rate is measured over
 MIN_RATE_POINTS = 3  # mixing points before the first estimate (until then progress counts 1)
@@ -53,6 +61,7 @@ class SwarmProgress:
         self._history: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=window + 1)  # (time, steps known)
         self._first_news: list[tuple[float, int] | None] = [None] * world_size  # (time, step) first known
         self._rate: float | None = None  # R as of the last note()
+        self._started = {rank}  # the peers known to be up
 
     def merge(self, progress: Sequence[int]) -> None:
         """Take the newer of ours and ``progress`` (a header's, validated) for every peer but us."""
@@ -60,6 +69,17 @@ class SwarmProgress:
             for peer, step in enumerate(progress):
                 if peer != self.rank and step > self._known[peer]:
                     self._known[peer] = step
+                if step > 0:
+                    self._started.add(peer)
+
+    def note_started(self, peers: Iterable[int]) -> None:
+        """``peers`` are up: they said hello, sent anything, or are flagged in an "up"."""
+        with self._lock:
+            self._started.update(peers)
+
+    def started(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._started)
 
     def advance(self, step: int) -> None:
         """Our own step (never goes back, except after a restart)."""

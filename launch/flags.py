@@ -226,7 +226,8 @@ TABLE: list[Flag] = [
     Flag("--byzantine", "byzantine", FAULTS, "fault injection for tests and benchmarks: comma-separated ranks that "
                                              "send random finite garbage instead of their weights (or gradients), e.g. 3"),
     Flag("--byzantine-scale", "byzantine_scale", FAULTS, "largest magnitude of the --byzantine garbage"),
-    Flag("--startup-timeout", "startup_timeout", FAULTS, "seconds a peer waits for its first neighbours to start"),
+    Flag("--startup-timeout", "startup_timeout", FAULTS, "seconds a peer waits for its first neighbours to start "
+         "(gossip-async: for every peer)"),
     Flag("--send-timeout", "send_timeout", FAULTS, "seconds a message may wait for a slow or absent receiver"),
     Flag("--shutdown-timeout", "shutdown_timeout", FAULTS, "seconds to deliver the last messages on exit"),
 

@@ -13,7 +13,8 @@ from gossip.averagers.mailboxes import LatestMailbox, MassMailbox, PushSumMailbo
 from gossip.coordinator.mailboxes import PER_WORKER, QueueMailbox
 from gossip.errors import PeerFailed, PeerTimeout, ProtocolError
 from gossip.liveness import CONFIRM_SECONDS
-from gossip.net.wire import MAX_REASON_CHARS, Header, Layout, abort_header, encode, params_header
+from gossip.net.wire import MAX_REASON_CHARS, Header, Layout, abort_header, encode, params_header, up_header
+from gossip.progress import SwarmProgress
 from tests.conftest import wait_until
 
 CHUNK = 256
@@ -471,3 +472,28 @@ def test_an_abort_reason_is_one_printable_ascii_line_of_bounded_length():
         mailbox().deliver(None, encode(Header(kind="abort", sender=1)))
     with pytest.raises(ProtocolError, match="carries a reason"):
         mailbox().deliver(None, encode(Header(kind="bye", sender=1, reason="hello")))
+
+
+@pytest.mark.parametrize("rule", ["latest", "push-sum"])
+def test_the_asynchronous_mailboxes_learn_who_has_started_and_a_waiter_wakes_when_that_grows(rule):
+    """gossip-async's start: a hello, any message, an "up"'s flags and a step in a header's vector each say
+    a peer is up; an "up" files nothing, reports no pace and claims no step."""
+    expects = lambda sender, round: sender in (1, 5)  # noqa: E731
+    box = (LatestMailbox(0, 6, LAYOUT, expects) if rule == "latest"
+           else PushSumMailbox(0, 6, LAYOUT, expects, lambda sender, round: 1 / 3))
+    box.progress = SwarmProgress(6, rank=0)
+    box.deliver(None, encode(Header(kind="hello", sender=1)))
+    assert box.progress.started() == {0, 1}
+    grown = []
+    waiter = threading.Thread(target=lambda: grown.append(box.wait_started(2, timeout=20)))
+    waiter.start()
+    box.deliver(None, encode(up_header(1, [2, 3], world_size=6)))
+    waiter.join(20)
+    assert grown == [set()] and box.progress.started() == {0, 1, 2, 3}
+    assert box.reported == {} and box.progress.vector() == (0,) * 6
+    header = params_header("params", 5, LAYOUT, CHUNK, round=1, step=1, progress=(0, 0, 0, 0, 7, 1))
+    box.deliver(None, encode(header, [torch.ones(50)]))
+    assert box.progress.started() == {0, 1, 2, 3, 4, 5}
+    assert box.wait_started(5, timeout=0.01) == set()
+    box.progress = SwarmProgress(6, rank=0)
+    assert box.wait_started(1, timeout=0.01) == {1, 2, 3, 4, 5}  # nothing came: who is still missing

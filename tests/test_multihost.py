@@ -119,3 +119,25 @@ def test_launcher_hosts_with_a_parameter_server_on_the_first_host(launch_run):
         (3, "127.0.0.1", "tcp://127.0.0.1")]
     summary = run.summary
     assert summary["server"]["updates"] == 40 and all(p["steps"] == 40 for p in summary["peers"])
+
+
+def test_gossip_async_takes_no_step_before_every_peer_is_up(peers, tmp_path):
+    """The swarm's budget is shared, so a peer started late must not find it spent by the others. Ring of 4
+    by hand: peer 0's neighbours 1 and 3 are up while peer 2 is not yet started; peer 0 alone would have
+    its hellos and could spend all 4 x 200 steps (1 s at 5 ms a step) while peer 2 is still starting. It
+    waits until it knows every peer is up: no peer's first step comes before peer 2 started, and peer 2
+    trains too."""
+    out, base = tmp_path / "run", free_base_port(4)
+    common = ["--hosts", "127.0.0.1:4", "--base-port", str(base), "--topology", "ring", "--mode", "gossip-async",
+              "--steps", "200", "--compute-ms", "5", "--out", str(out)]
+    for rank in (0, 1, 3):
+        peers.start([*common, "--rank", str(rank)])
+    wait_until(lambda: (out / "peer-0.jsonl").exists(), 60, "peer 0's start")
+    time.sleep(3.0)  # ample for peer 0 to have run through the whole budget, had it not waited
+    assert not any(e["event"] == "step" for e in events(out, 0))
+    peers.start([*common, "--rank", "2"])
+    assert peers.wait_all(timeout=120) == [0, 0, 0, 0], [peers.output(i) for i in range(4)]
+    late = next(e["time"] for e in events(out, 2) if e["event"] == "start")
+    for rank in range(4):
+        steps = [e["time"] for e in events(out, rank) if e["event"] == "step"]
+        assert steps and min(steps) > late, (rank, len(steps))

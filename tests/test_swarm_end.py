@@ -12,7 +12,7 @@ from gossip.coordinator.core import Contribution, ServerCore
 from gossip.coordinator.memory import REFRESH, GradientMemory
 from gossip.coordinator.rates import ArrivalRates
 from gossip.errors import ProtocolError
-from gossip.net.wire import MAX_PROGRESS_PEERS, Header, Layout, decode, encode
+from gossip.net.wire import MAX_PROGRESS_PEERS, Header, Layout, decode, encode, up_header
 from gossip.progress import MAX_RATE_FACTOR, MIN_RATE_POINTS, SwarmProgress
 
 
@@ -63,6 +63,34 @@ def test_peers_first_heard_of_after_the_window_began_count_from_their_first_news
         progress.merge([0, 4 * t])
         progress.note(float(t))
     assert progress.mean_rate() == pytest.approx((1.0 + 4.0) / 2)
+
+
+def test_a_peer_is_known_to_have_started_once_it_spoke_was_flagged_or_has_a_step():
+    progress = SwarmProgress(5, rank=1)
+    assert progress.started() == {1}
+    progress.merge([0, 0, 3, 0, 0])  # a header's vector: peer 2 has stepped
+    progress.note_started([4])  # a hello from peer 4, or its flag in an "up"
+    assert progress.started() == {1, 2, 4}
+    assert progress.vector() == (0, 0, 3, 0, 0)  # an "up" is no claim of steps
+
+
+def test_an_up_flags_who_has_started_and_nothing_else():
+    header = up_header(2, [0, 4], world_size=5)
+    assert (header.kind, header.step, header.progress) == ("up", 1, (1, 0, 1, 0, 1))
+    assert decode(encode(header), layout(), world_size=5).header == header
+
+
+@pytest.mark.parametrize("progress, step, reason", [
+    ((1, 2, 1), 1, "up"),  # a flag that is a step count
+    ((0, 0, 0), 0, "up"),  # its own flag 0
+    ((), 1, "up"),  # none
+    ((1, 1), 1, "progress"),  # two flags in a run of three
+])
+def test_an_up_that_is_not_one_flag_per_peer_is_dropped(progress, step, reason):
+    frames = encode(Header(kind="up", sender=0, step=step, progress=progress))
+    with pytest.raises(ProtocolError) as caught:
+        decode(frames, layout(), world_size=3)
+    assert caught.value.reason == reason
 
 
 def layout() -> Layout:

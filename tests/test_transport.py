@@ -18,7 +18,7 @@ from zmq.utils.monitor import recv_monitor_message
 import gossip
 import topologies
 from gossip.config import GossipConfig
-from gossip.errors import PeerTimeout, PeerUnreachable
+from gossip.errors import GossipError, PeerTimeout, PeerUnreachable
 from gossip.flat import FlatParams
 from gossip.net.address import ipc_endpoint
 from gossip.net.transport import Transport, TransportConfig
@@ -346,6 +346,52 @@ def test_async_gossip_never_waits_for_a_neighbour_that_left(leaves):
     else:
         assert stats["ignored_stale"] == 0 and set(stats["last_mix"]) == {"self", "1"}
         assert stats["dead_neighbours"] == []
+
+
+@pytest.mark.slow
+def test_an_async_peer_two_hops_from_one_that_never_starts_stops_with_a_line_naming_it():
+    """Ring of 4, gossip-async, peer 2 never started: its neighbours 1 and 3 miss its hello; peer 0 has all
+    of its neighbours' hellos but waits to know every peer is up, and stops naming peer 2 (on its own
+    timeout, or told by a neighbour's abort) instead of training alone on the swarm's budget."""
+    eps = endpoints(4)
+
+    def peer(rank: int) -> str:
+        if rank == 2:
+            return ""
+        with pytest.raises(GossipError) as raised:
+            gossip.attach(vector_model(torch.zeros(4)), rank=rank, world_size=4, endpoints=tuple(eps),
+                          mode="gossip-async", topology="ring", startup_timeout=1.0)
+        return str(raised.value)
+
+    lines = run_peers(4, peer)
+    assert all("peer(s) 2" in lines[rank] and "within 1 s" in lines[rank] for rank in (0, 1, 3)), lines
+
+
+@pytest.mark.slow
+def test_an_async_peer_that_took_no_step_ends_with_its_neighbours_final_model_mixed_in():
+    """Latest rule: peer 1 steps, ends and says bye; peer 0 takes no step, then finishes. Its end mixes in
+    the snapshot it holds, as push-sum's drain does: W = 1/2 each and staleness 0, so 0.5 x 0 + 0.5 x 4.
+    (Without that last mix it would end with its initial model while holding peer 1's final one.)"""
+    eps = endpoints(2)
+    models = [vector_model(torch.zeros(8)), vector_model(torch.full((8,), 4.0))]
+    options = dict(world_size=2, endpoints=tuple(eps), mode="gossip-async", async_rule="latest", startup_timeout=20)
+    attached: dict = {}
+
+    def peer(rank: int):
+        attached[rank] = averager = gossip.attach(models[rank], rank=rank, **options)
+        if rank == 1:
+            for _ in range(3):
+                averager.step()
+        else:
+            wait_until(lambda: 1 in averager.mailbox.latest() and averager.mailbox.latest()[1].final_step is not None,
+                       20, "peer 1's final snapshot and its bye")
+        averager.close()
+        return averager.statistics()
+
+    stats = run_peers(2, peer)
+    assert stats[0]["step"] == 0 and stats[1]["step"] == 3
+    assert torch.equal(models[0].value, torch.full((8,), 2.0)) and torch.equal(models[1].value, torch.full((8,), 4.0))
+    assert set(stats[0]["last_mix"]) == {"self", "1"}
 
 
 @pytest.mark.slow

@@ -97,14 +97,19 @@ class LatestGossip(GossipAverager):
                                    snapshot=False)
 
     def _finish(self) -> None:
-        """Send our final model (unless the last snapshot was it), then "bye" with its step: a neighbour
-        still training keeps it in its mix as a model that grows no staler (``LatestMailbox``), instead of
-        dropping it after --max-staleness of its own steps and training the rest alone on its shard."""
+        """The mixing point our last steps did not reach (there are steps since the last one, or there was
+        none), as push-sum's drain takes in the neighbours' last messages; then send our final model and
+        "bye" with its step: a neighbour still training keeps it in its mix as a model that grows no staler
+        (``LatestMailbox``), instead of dropping it after --max-staleness of its own steps and training the
+        rest alone on its shard. A peer that took no step before the swarm's budget was spent would
+        otherwise end with its initial model while holding its neighbours' final ones."""
         if self.config.world_size < 2:
             return
-        if self._sent_step != self.local_step:
-            self._scale_progress()
-            self._send_snapshot(self.rounds, latest_only=True)
+        self._scale_progress()
+        unmixed = self.local_step != self._mixed_at[0] or self.mixing_points == 0
+        snapshot = self._mix_latest() if unmixed else None
+        if snapshot is not None or self._sent_step != self.local_step:
+            self._send_snapshot(self.rounds, latest_only=True, snapshot=snapshot)
             self._sent_step = self.local_step
         dests = self._live_out_neighbours(self.rounds)
         bye = Header(kind="bye", sender=self.rank, round=self.rounds, step=self.local_step,

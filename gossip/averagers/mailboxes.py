@@ -47,6 +47,13 @@ class GossipMailbox(Mailbox):
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
         super().__init__(rank, world_size, layout, expects, stops=Stops(), rejoin=Rejoin())
 
+    def wait_started(self, known: int, timeout: float) -> set[int]:
+        """gossip-async's start (``gossip/progress.py``): wait up to ``timeout`` until more than ``known``
+        peers are known to be up, or all are; the peers not known to be up if none came."""
+        progress, everyone = self.progress, set(range(self.world_size))
+        return self._wait(lambda: set() if len(progress.started()) > known else everyone - progress.started(),
+                          timeout)
+
     # -- rejoining (``gossip/rejoin.py``: ``rejoin.rejoining``, ``rejoin.keep_first``) ------------------------
     def wait_first(self, senders: Iterable[int], timeout: float) -> dict[int, Header]:
         """Rejoining: wait up to ``timeout`` for the welcome of each of ``senders``, or for it to be dead; a
@@ -324,7 +331,7 @@ class PushSumMailbox(MassMailbox):
     sender, who was told we finished, is sent a message at our next mixing point (``contradict``), which
     undoes the forged bye there even while flow control would hold our messages back."""
 
-    accepts = frozenset({"hello", "params", "welcome", "bye", "bye-ack"})
+    accepts = frozenset({"hello", "params", "welcome", "bye", "bye-ack", "up"})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -383,7 +390,7 @@ class LatestMailbox(GossipMailbox):
     its staleness stops growing (``Received.staleness``), and the sender, whose connection then drops, is
     finished rather than dead, so its last model stays in the mix of a peer that is still training."""
 
-    accepts = frozenset({"hello", "params", "welcome", "bye"})
+    accepts = frozenset({"hello", "params", "welcome", "bye", "up"})
 
     def __init__(self, rank: int, world_size: int, layout: Layout, expects: Expects) -> None:
         super().__init__(rank, world_size, layout, expects)

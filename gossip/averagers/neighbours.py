@@ -25,11 +25,12 @@ from gossip.averagers.base import Averager, log
 from gossip.averagers.mailboxes import RoundMailbox
 from gossip.averagers.outer import OuterStep
 from gossip.config import GossipConfig
-from gossip.errors import ConfigError
+from gossip.errors import ConfigError, PeerTimeout
 from gossip.flat import FlatParams
 from gossip.link import Connect
+from gossip.mailbox import ranks_text
 from gossip.net.transport import Delivery
-from gossip.net.wire import Header, Layout, encode, params_header
+from gossip.net.wire import Header, Layout, encode, params_header, up_header
 from gossip.progress import SwarmProgress
 
 PAUSE_BOUND = 2.0  # rate compensation credits a step at most this many times our usual step's time
@@ -122,10 +123,35 @@ class GossipAverager(Averager):
         return self.topology.neighbours(self.rank, 0) if self.config.world_size > 1 else ()
 
     def _greet(self) -> None:
-        """Say hello to every first-round neighbour and wait for theirs."""
+        """Say hello to every first-round neighbour and wait for theirs; in gossip-async then also until
+        every peer is known to be up (``_wait_for_everyone``)."""
         neighbours = self._hello_peers()
         self.transport.post(neighbours, self._hello(), latest_only=False, timeout=self.config.timeouts.send_timeout)
+        deadline = time.monotonic() + self.config.timeouts.startup_timeout
         self.mailbox.wait_hellos(neighbours, self.config.timeouts.startup_timeout)
+        if self.progress is not None and self.config.world_size > 1:
+            self._wait_for_everyone(deadline)
+
+    def _wait_for_everyone(self, deadline: float) -> None:
+        """gossip-async's start (``gossip/progress.py``): the swarm's budget is shared, so no first step
+        before every peer is known to be up. Tell whoever we may exchange with which peers we know of, again
+        whenever that grows, until it is all of them."""
+        told: frozenset[int] = frozenset()
+        world = self.config.world_size
+        while True:
+            started = self.progress.started()
+            if started != told:
+                self.transport.post(self._rejoin_peers(), encode(up_header(self.rank, started, world)),
+                                    latest_only=False, timeout=self.config.timeouts.send_timeout)
+                told = started
+            if len(started) == world:
+                return
+            missing = self.mailbox.wait_started(len(started), deadline - time.monotonic())
+            if missing:
+                raise PeerTimeout(f"peer {self.rank} has no word that peer(s) {ranks_text(missing)} started within "
+                                  f"{self.config.timeouts.startup_timeout:g} s of starting (--startup-timeout); "
+                                  "gossip-async takes its first step once every peer is up: are they all "
+                                  "running, on the same --base-port?")
 
     def _rejoin_gossip(self, found: bool, blend: bool = False) -> dict[int, Header]:
         """The gossip modes' rejoin: say hello to everyone we may exchange with, who re-admit us at their

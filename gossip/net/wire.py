@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,10 +39,12 @@ MAX_INT = 1 << 53  # counters beyond this cannot be real; also keeps floats exac
 # re-admits a restarted peer, in its round ``round`` at its step ``step``. "delta-f16" and "delta-i8"
 # (compressed gossip, ``--compress``): the sender's compressed change of its public copy (see below).
 # "abort": the sender stopped on an error and the run cannot go on; ``reason`` says why in one line (its
-# own, or the one it was told by the peer that failed first).
+# own, or the one it was told by the peer that failed first). "up" (gossip-async, before the first step):
+# the peers its sender knows to have started, one flag (0 or 1) per peer in ``progress``, its own 1 and
+# ``step`` 1 (``gossip/progress.py`` says why the start spreads so).
 KINDS: dict[str, bool] = {"hello": False, "params": True, "grad": True, "weights": True, "end": True,
                           "bye": False, "bye-ack": False, "welcome": False, "delta-f16": True, "delta-i8": True,
-                          "abort": False}
+                          "abort": False, "up": False}
 MAX_REASON_CHARS = 240
 # Compressed payloads follow the same frame plan as the weights; each row of it becomes, for "float16", one
 # frame of float16 values and, for "int8", one frame of int8 values and one of float32 scales, one scale per
@@ -161,6 +163,15 @@ def abort_header(sender: int, reason: str) -> Header:
     return Header(kind="abort", sender=sender, reason=text or "no reason given")
 
 
+def up_header(sender: int, started: Iterable[int], world_size: int) -> Header:
+    """An "up": the flags of the peers in ``started`` (our own among them)."""
+    flags = [0] * world_size
+    for peer in started:
+        flags[peer] = 1
+    flags[sender] = 1
+    return Header(kind="up", sender=sender, step=1, progress=tuple(flags))
+
+
 def params_header(kind: str, sender: int, layout: Layout, chunk_bytes: int, **fields: Any) -> Header:
     segments = tuple((dtype, layout.nbytes(i)) for i, dtype in enumerate(layout.dtypes))
     return Header(kind=kind, sender=sender, fingerprint=layout.fingerprint, segments=segments,
@@ -262,6 +273,9 @@ def _decode_header(raw: bytes, world_size: int) -> Header:
         raise ProtocolError("progress", f"peer {obj['r']} reports the steps of {len(progress)} peers, its own as "
                                         f"{progress[obj['r']] if obj['r'] < len(progress) else None} in a message "
                                         f"of its step {obj['step']}; the run has {world_size} peers")
+    if kind == "up" and (len(progress) != world_size or obj["step"] != 1 or max(progress) > 1):
+        raise ProtocolError("up", f"an up from peer {obj['r']} must flag each of the {world_size} peers 0 or 1, "
+                                  "its own 1 with step 1")
     reason = obj.get("why", "")
     if not (isinstance(reason, str) and len(reason) <= MAX_REASON_CHARS and reason.isprintable()):
         raise ProtocolError("field", "header field 'why' is not a line of printable text")
