@@ -68,6 +68,6 @@ def test_adaptive_deadlines_do_not_wait_for_a_slow_peer_and_keep_the_weighted_me
         misses = stats[r]["deadline_misses"]
         assert misses["3"] > steps // 4 and misses["3"] > misses.get("1", 0), misses
     assert stats[0]["late_mixed"] > 0
-    # The fast peers ran their steps at their own pace (about 1/8 of the slow peer's time; paced by it, the
-    # ratio would be about 1).
-    assert all(stats[r]["busy"] < 0.6 * stats[3]["busy"] for r in range(3)), [s["busy"] for s in stats]
+    # The fast peers ran their steps at their own pace (about 1/8 of the slow peer's time on an idle machine,
+    # 0.62 once for one of its neighbours in a full-suite run; paced by it, the ratio would be about 1).
+    assert all(stats[r]["busy"] < 0.75 * stats[3]["busy"] for r in range(3)), [s["busy"] for s in stats]
