@@ -15,8 +15,9 @@ alike and without a shared clock:
   than ``--steps`` steps and a slow one fewer, but none trains on alone after the others stopped (it would
   learn of their end only at its next mixing point, one of its long steps too late).
 - **The start.** Since the budget is shared, a peer that started early would spend the shares of those
-  still starting (on a loaded machine, 6 digits peers of 1,000 steps each: one did 4,300 and another none,
-  ending with its initial model). So no peer takes its first step before it knows every peer is up
+  still starting (a ring of 4 started by hand, one peer a few seconds after the others: the peer opposite
+  it, whose neighbours had both said hello, did 598 of the 600 steps, and the late one none, ending with
+  its initial model). So no peer takes its first step before it knows every peer is up
   (``started``). Its neighbours' hellos tell it of them; it then sends them "up" with the peers it knows
   of, again each time that set grows, and any message's sender is up, as is every peer with a step in a
   header's vector. The news crosses the graph in about its diameter of hops; the wait is bounded by

@@ -375,10 +375,9 @@ def test_an_async_peer_that_took_no_step_ends_with_its_neighbours_final_model_mi
     eps = endpoints(2)
     models = [vector_model(torch.zeros(8)), vector_model(torch.full((8,), 4.0))]
     options = dict(world_size=2, endpoints=tuple(eps), mode="gossip-async", async_rule="latest", startup_timeout=20)
-    attached: dict = {}
 
     def peer(rank: int):
-        attached[rank] = averager = gossip.attach(models[rank], rank=rank, **options)
+        averager = gossip.attach(models[rank], rank=rank, **options)
         if rank == 1:
             for _ in range(3):
                 averager.step()
