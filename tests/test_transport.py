@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import subprocess
 import sys
@@ -329,8 +330,9 @@ def test_async_gossip_never_waits_for_a_neighbour_that_left(leaves):
             averager.step()
             if rank == 0 and averager.local_step == 1:
                 assert left.wait(20)  # peer 1 has left, and a finished peer's bye is in
-                wait_until(lambda: leaves == "dies" or averager.mailbox.latest()[1].final_step is not None, 20,
-                           "peer 1's bye with its final step")
+                wait_until(lambda: leaves == "dies" or (1 in (held := averager.mailbox.latest())
+                                                        and held[1].final_step is not None), 20,
+                           "peer 1's bye with its final step")  # (its snapshot may still be on the way)
         if rank == 1 and leaves == "dies":  # once its snapshot is in, it closes as a crash would: no bye
             wait_until(lambda: 0 in averagers and 1 in averagers[0].mailbox.reported, 20,
                        "peer 1's snapshot at peer 0")
@@ -360,11 +362,13 @@ def test_an_async_peer_two_hops_from_one_that_never_starts_stops_with_a_line_nam
             return ""
         with pytest.raises(GossipError) as raised:
             gossip.attach(vector_model(torch.zeros(4)), rank=rank, world_size=4, endpoints=tuple(eps),
-                          mode="gossip-async", topology="ring", startup_timeout=1.0)
+                          mode="gossip-async", topology="ring", startup_timeout=3.0)
         return str(raised.value)
 
     lines = run_peers(4, peer)
-    assert all("peer(s) 2" in lines[rank] and "within 1 s" in lines[rank] for rank in (0, 1, 3)), lines
+    for rank in (0, 1, 3):  # (on a loaded machine a neighbour still starting may be named beside peer 2)
+        named = re.search(r"peer\(s\) ([\d, ]+) (?:started )?within 3 s", lines[rank])
+        assert named and "2" in named.group(1).split(", "), lines
 
 
 @pytest.mark.slow
