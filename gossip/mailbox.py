@@ -107,9 +107,10 @@ class Mailbox:
             if self.progress is not None:  # gossip-async: who has started, and how far
                 if kind == "up":
                     self.progress.note_started(peer for peer, flag in enumerate(header.progress) if flag)
+                elif kind == "hello":
+                    self.progress.note_started((sender,))
                 elif header.progress:  # (a bye's too: the end spreads with it)
                     self.progress.merge(header.progress)
-                self.progress.note_started((sender,))
             self._heard.add(sender)
             if self.stops is not None:
                 self.stops.spoke(sender)

@@ -15,12 +15,11 @@ alike and without a shared clock:
   than ``--steps`` steps and a slow one fewer, but none trains on alone after the others stopped (it would
   learn of their end only at its next mixing point, one of its long steps too late).
 - **The start.** Since the budget is shared, a peer that started early would spend the shares of those
-  still starting (a ring of 4 started by hand, one peer a few seconds after the others: the peer opposite
-  it, whose neighbours had both said hello, did 598 of the 600 steps, and the late one none, ending with
-  its initial model). So no peer takes its first step before it knows every peer is up
-  (``started``). Its neighbours' hellos tell it of them; it then sends them "up" with the peers it knows
-  of, again each time that set grows, and any message's sender is up, as is every peer with a step in a
-  header's vector. The news crosses the graph in about its diameter of hops; the wait is bounded by
+  still starting (docs/architecture.md, 3.12: in a ring of 4 started by hand, the peer opposite a late one
+  did nearly the whole budget and the late one nothing). So no peer takes its first step before it knows
+  every peer is up (``started``). Its neighbours' hellos tell it of them; it then sends them "up" with the
+  peers it knows of, again each time that set grows; every peer with a step in a header's vector is up
+  too (a neighbour already training, whose "up" did not reach us). The news crosses the graph in about its diameter of hops; the wait is bounded by
   ``--startup-timeout`` like the hellos'. This is the one wait of the mode, before it begins: once
   training, no peer waits for another. A false flag in an "up" can only start a peer early.
 - **The rate.** ``rate_factor(seconds, steps)`` is how much progress of ``steps`` own steps made over
@@ -67,14 +66,15 @@ class SwarmProgress:
     def merge(self, progress: Sequence[int]) -> None:
         """Take the newer of ours and ``progress`` (a header's, validated) for every peer but us."""
         with self._lock:
+            starting = len(self._started) < self.world_size
             for peer, step in enumerate(progress):
                 if peer != self.rank and step > self._known[peer]:
                     self._known[peer] = step
-                if step > 0:
+                if starting and step > 0:
                     self._started.add(peer)
 
     def note_started(self, peers: Iterable[int]) -> None:
-        """``peers`` are up: they said hello, sent anything, or are flagged in an "up"."""
+        """``peers`` are up: they said hello, or are flagged in an "up"."""
         with self._lock:
             self._started.update(peers)
 
