@@ -8,7 +8,10 @@ announces), not on every interface as torch's own server socket does.
 torch logs every failed connection attempt and every timed-out ``wait`` with a C++ stack trace, so the
 port is probed before connecting and keys are polled with ``check``: a rendezvous that goes well prints
 nothing, and one that fails ends in one line of ours. While it waits for keys, a peer stops at once with
-the line another peer left under ``abort``.
+the line another peer left under ``abort``. Before it stops, each peer that saw the line counts itself under
+``abort-seen`` and waits (at most ``ABORT_GRACE_SECONDS``) until every other peer still joining (``inside``)
+has too, as the peer that left it does: a launcher that ends the other processes once one exits (torchrun
+does within 0.1 s) would otherwise end a peer that had not yet read why, and it would stop without a word.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from gossip.errors import ConfigError, PeerFailed, PeerTimeout, PeerUnreachable
 from gossip.rendezvous import Plan
 
 POLL_SECONDS = 0.05
+ABORT_GRACE_SECONDS = 2.0  # how long the peers that stop on an abort wait for each other to have read it
 
 
 def shown(value: str) -> str:
@@ -112,6 +116,7 @@ class StoreKeys:
         while not self._call(self.store.check, keys):
             if self.has("abort"):
                 reason = self.get("abort")  # (someone else may have written it: shown whole only if plain)
+                self.settle_abort(seen=True)
                 raise PeerFailed(reason if reason.isascii() and reason.isprintable() and len(reason) <= 400
                                  else shown(reason))
             if time.monotonic() > deadline:
@@ -119,6 +124,18 @@ class StoreKeys:
                 raise PeerTimeout(problem.format(missing=", ".join(missing)) +
                                   (f" within {limit:g} s" if limit else f" within {self.timeout:g} s (--rendezvous-timeout)"))
             time.sleep(POLL_SECONDS)
+
+    def settle_abort(self, seen: bool) -> None:
+        """Wait until every peer joining but the one that left the abort has read it (``seen``: count us among
+        them), at most ``ABORT_GRACE_SECONDS``; a store already gone ends the wait (its peer read it)."""
+        deadline = time.monotonic() + ABORT_GRACE_SECONDS
+        try:
+            count = self.add("abort-seen", 1 if seen else 0)
+            while count < self.add("inside", 0) - 1 and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS)
+                count = self.add("abort-seen", 0)
+        except PeerUnreachable:
+            pass
 
     def has(self, name: str) -> bool:
         return self._call(self.store.check, [self._key(name)])

@@ -18,6 +18,9 @@ Keys, under the plan's namespace:
     read, done     the last reader sets ``done``, and the peer serving the store may then close it
     abort          set by a peer that cannot go on (its settings differ, its port is taken, ...): one line
                    naming it and why; every peer still waiting stops with that line at once
+    inside         how many peers are joining now (each adds 1 as it starts and takes it back once it joined)
+    abort-seen     how many of the others read ``abort``; they and the one that set it stop once every peer
+                   inside has (or after 2 s), so that no launcher ends a peer before it read why
 
 Anyone who reaches the store can write to it: a TCPStore has no access control. So:
 
@@ -203,14 +206,25 @@ class StoreRendezvous:
         server's rank: the world size, known only now to a server that joins without one), and read
         everyone's endpoint. This peer's own endpoint in the result is the one it announced. A peer that
         cannot join says why in the store (``abort``), and the others stop with its reason."""
+        self.keys.add("inside", 1)
         try:
-            return self._join(endpoint_of, run, world_size, rank, server, parameter_server, run_name)
+            assignment = self._join(endpoint_of, run, world_size, rank, server, parameter_server, run_name)
         except (ConfigError, PeerTimeout, PeerUnreachable) as exc:
             if isinstance(exc, SwarmFull):  # a peer the swarm never counted on: the others go on without it
+                self._leave()
                 raise
             who = "the server" if server else f"peer {rank}" if rank is not None else "a peer without a rank"
             self.abort(f"{who} could not join: {exc}")
             raise
+        self._leave()
+        return assignment
+
+    def _leave(self) -> None:
+        """No longer joining: an abort from now on need not wait for us to read it (best effort)."""
+        try:
+            self.keys.add("inside", -1)
+        except PeerUnreachable:
+            pass
 
     def _join(self, endpoint_of: Callable[[int], str], run: dict[str, Any], world_size: int | None,
               rank: int | None, server: bool, parameter_server: bool, run_name: str) -> Assignment:
@@ -273,10 +287,12 @@ class StoreRendezvous:
         effort: a store that is gone already has nobody waiting on it."""
         if self.keys.store is None:
             return
+        line = " ".join(reason.split())[:400]
         try:
-            self.keys.compare_set("abort", " ".join(reason.split())[:400])
+            held = self.keys.compare_set("abort", line)
         except (PeerUnreachable, dist.DistError):
-            pass
+            return
+        self.keys.settle_abort(seen=held != line)  # (another peer's line came first: we read it, as the rest)
 
     def close(self) -> None:
         """Drop the store; the peer serving it first waits (briefly) until every peer has read."""

@@ -133,6 +133,24 @@ def test_different_run_flags_are_refused_by_name(served):
                                                   "differ from the swarm's (steps 200 here, 300 there)")
 
 
+def test_a_peer_that_cannot_join_stops_only_once_the_peers_waiting_have_read_why(served):
+    """A launcher that ends every process once one exits (torchrun) must find the others with the line read: the
+    peer that left it returns only after each peer still joining has counted itself under ``abort-seen``."""
+    space = served.space()
+
+    def refused_then_count() -> int:
+        with pytest.raises(ConfigError, match="steps 200 here, 300 there"):
+            meet(served.plan(space), run={"task": "digits", "steps": 200})
+        return int(served.store.add(f"{space}/abort-seen", 0))  # at once, before the others go on
+
+    with ThreadPoolExecutor(3) as pool:
+        waiting = [pool.submit(meet, served.plan(space, rank, 3), timeout=5.0) for rank in (0, 1)]
+        for rank, future in enumerate(waiting):  # both wait for peer 2's endpoint
+            wait_for(served.store, f"{space}/endpoint/{rank}", future)
+        assert pool.submit(refused_then_count).result() == 2
+        assert all(isinstance(f.exception(), PeerFailed) for f in waiting)
+
+
 def test_one_peer_too_many_is_told_so(served):
     space = served.space()
     served.store.set(f"{space}/claimed", "1")  # as the first peer does once it holds its rank
