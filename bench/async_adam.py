@@ -6,6 +6,7 @@
     python bench/async_adam.py --workers 4 --versions 600 --probe 100  # how far the gradient turns in 3 versions
     python bench/async_adam.py --workers 4 --soft-sync 2 --lr 1.5e-3 --beta1 0.4 --versions 2000  # pairs, 1 stale
     python bench/async_adam.py --workers 4 --changes --lr 3e-3 --beta1 0.9   # workers' own AdamW, changes sent
+    python bench/async_adam.py --workers 4 --predict 0.9   # gradients on weights moved 3 steps ahead
 
 N workers (the charlm task's shards for a world of N, its model, batches of 16 sequences) take turns: worker
 ``v mod N`` computes a gradient on the weights it last pulled, the server's AdamW steps with it (lr and the
@@ -17,9 +18,13 @@ of the next S workers' gradients, as ``--soft-sync`` makes the real server do (w
 gradient is 1 version stale). ``--changes``: the asynchronous exchange of parameter changes instead of
 gradients; each worker steps its own AdamW (``--lr``, ``--beta1``, the schedule by its own step) from the
 weights it pulled and the server adds 1/N of that change, so the optimizer's state never sees a stale
-gradient, only the server's weights are behind. The defaults are the server's "auto" rule for AdamW
-with 4 workers (lr 3e-3 / 4, beta1 max(0, 0.9 - 0.75) = 0.15), 4,000 versions: the samples of a default
-4-peer charlm run. Prints the server model's validation loss every quarter of the run.
+gradient, only the server's weights are behind. ``--predict BETA``: weight prediction, as SpecTrain (Chen
+et al., 2018) uses it against the stale weights of pipeline-parallel training: each worker computes its
+gradient not on the weights it pulled but on those moved N - 1 versions further along the server's recent
+step, a moving average (factor BETA) of its steps, times ``--predict-scale`` (1: the whole staleness). The
+defaults are the server's "auto" rule for AdamW with 4 workers (lr 3e-3 / 4, beta1 max(0, 0.9 - 0.75) =
+0.15), 4,000 versions: the samples of a default 4-peer charlm run. Prints the server model's validation
+loss every quarter of the run.
 
 ``--probe K``: every K versions, also the cosine between the gradients of one fixed batch of 64 evaluation
 windows at the server's weights now and at its weights N - 1 versions before (the weights a stale gradient
@@ -52,6 +57,11 @@ def main() -> None:
     parser.add_argument("--beta1", type=float, default=0.15)
     parser.add_argument("--changes", action="store_true",
                         help="workers step their own AdamW; the server adds 1/N of each change")
+    parser.add_argument("--predict", type=float, default=0.0, metavar="BETA",
+                        help="workers compute on the pulled weights moved N - 1 steps along the server's "
+                             "recent step (its moving average with this factor; 0: off)")
+    parser.add_argument("--predict-scale", type=float, default=1.0,
+                        help="the fraction of the N - 1 steps to move ahead (--predict)")
     parser.add_argument("--versions", type=int, default=4000)
     parser.add_argument("--probe", type=int, default=0, metavar="K",
                         help="every K versions, how far the gradient turned over the last N - 1 versions")
@@ -64,10 +74,24 @@ def main() -> None:
     schedule = Schedule("cosine", args.versions, args.versions // 20, 0.1)
     weights = list(server.model.parameters())
 
+    drift = [torch.zeros_like(w) for w in weights]  # the moving average of the server's steps (--predict)
+    last = [w.detach().clone() for w in weights]
+    ahead = (args.workers - 1) * args.predict_scale
+
     def pull(worker) -> None:
         with torch.no_grad():
-            for mine, theirs in zip(worker.model.parameters(), weights):
+            for mine, theirs, d in zip(worker.model.parameters(), weights, drift):
                 mine.copy_(theirs)
+                if args.predict:
+                    mine.add_(d, alpha=ahead)
+
+    def note_step() -> None:
+        if not args.predict:
+            return
+        with torch.no_grad():
+            for d, w, old in zip(drift, weights, last):
+                d.mul_(args.predict).add_(w - old, alpha=1 - args.predict)
+                old.copy_(w)
 
     for worker in workers:
         pull(worker)
@@ -83,7 +107,7 @@ def main() -> None:
         if args.changes:
             exchange_change(batch, weights, args, version, worker_schedule, pull)
         else:
-            step_with_gradients(batch, weights, server, schedule, version, args.fresh, pull)
+            step_with_gradients(batch, weights, server, schedule, version, args.fresh, pull, note_step)
         if probe is not None and version % args.probe == 0:
             print(f"version {version}: {probe.turn()}", flush=True)
         if version % (args.versions // 4) == 0:
@@ -91,7 +115,7 @@ def main() -> None:
                   f"({time.time() - began:.0f} s)", flush=True)
 
 
-def step_with_gradients(batch, weights, server, schedule, version, fresh, pull) -> None:
+def step_with_gradients(batch, weights, server, schedule, version, fresh, pull, note_step) -> None:
     """The server's AdamW steps with the mean of the batch's gradients; the batch's workers pull after."""
     for target in weights:
         target.grad = torch.zeros_like(target)
@@ -103,6 +127,7 @@ def step_with_gradients(batch, weights, server, schedule, version, fresh, pull) 
             target.grad.add_(source.grad, alpha=1.0 / len(batch))
     schedule.apply(server.optimizer, version)
     server.optimizer.step()
+    note_step()
     for worker in batch:
         pull(worker)
 
